@@ -1,0 +1,63 @@
+# lastagent — every target does its own set-up on a fresh machine.
+#   make run   the demo on a local Kafka broker and local Delta paths
+#   make test  every test tier (unit, integration, chaos) on a real broker and real Spark
+
+PY        ?= python3
+VENV      := .venv
+PYTHON    := $(VENV)/bin/python
+PIP       := $(VENV)/bin/pip
+PYTEST    := $(PYTHON) -m pytest
+SOURCES   := $(shell find connector sources sinks -name '*.py' 2>/dev/null) pyproject.toml
+LOG       := .cache/setup.log
+
+.PHONY: setup run test test-unit test-integration test-chaos kafka-up kafka-down bench clean docs
+
+setup: $(VENV)/.installed .cache/kafka/jars/.complete .cache/spark/jars/.complete
+
+# Python packages, pinned in pyproject.toml.
+$(VENV)/.deps: pyproject.toml
+	@mkdir -p .cache
+	@test -x $(PYTHON) || $(PY) -m venv $(VENV)
+	@echo "setup: installing Python packages into $(VENV) (log: $(LOG))"
+	@$(PIP) install -q --upgrade pip >>$(LOG) 2>&1
+	@$(PIP) install -q ".[test]" >>$(LOG) 2>&1 || (tail -30 $(LOG); exit 1)
+	@touch $@
+
+# The package itself is installed (not editable) so that Spark's worker finds the
+# top-level pyspark_lastagent_* modules by scanning sys.path; reinstalled when code changes.
+$(VENV)/.installed: $(VENV)/.deps $(SOURCES)
+	@$(PIP) install -q --no-deps --force-reinstall . >>$(LOG) 2>&1 || (tail -30 $(LOG); exit 1)
+	@touch $@
+
+.cache/kafka/jars/.complete:
+	@$(PY) dev/kafka_broker.py resolve
+
+.cache/spark/jars/.complete: $(VENV)/.deps dev/spark/pom.xml
+	@$(PYTHON) dev/spark_jars.py
+
+kafka-up: .cache/kafka/jars/.complete
+	@$(PY) dev/kafka_broker.py up
+
+kafka-down:
+	@$(PY) dev/kafka_broker.py down
+
+run: setup kafka-up
+	@$(PYTHON) -m lastagent.demo
+
+test: setup
+	$(PYTEST) tests
+
+test-unit: setup
+	$(PYTEST) tests/unit -m unit
+
+test-integration: setup
+	$(PYTEST) tests/integration
+
+test-chaos: setup
+	$(PYTEST) tests/chaos
+
+bench: setup kafka-up
+	$(PYTHON) bench/run.py
+
+clean:
+	rm -rf $(VENV) .cache build *.egg-info

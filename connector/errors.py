@@ -1,0 +1,38 @@
+"""The exceptions lastagent raises. Every message stands alone and names what to change."""
+
+from __future__ import annotations
+
+
+class LastAgentError(Exception):
+    """Base of every error lastagent raises on purpose."""
+
+
+class OptionError(LastAgentError, ValueError):
+    """A reader or writer option is missing, unknown, or has a bad value.
+
+    The message names the option and the values that would be right.
+    """
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(f"option '{option}': {message}")
+        self.option = option
+
+
+class KafkaProtocolError(LastAgentError):
+    """A Kafka request failed or the broker could not be reached.
+
+    Attributes:
+        retriable: True when the same request may succeed later (coordinator moving, broker
+            starting); False when retrying cannot help.
+    """
+
+    def __init__(self, message: str, retriable: bool = False) -> None:
+        super().__init__(message)
+        self.retriable = retriable
+
+
+class DataLossError(LastAgentError):
+    """Records the query should read are gone (retention, deleted partition).
+
+    Raised only when ``failOnDataLoss`` is true; the message names topic, partition and offsets.
+    """
