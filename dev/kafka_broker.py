@@ -54,6 +54,8 @@ transaction.state.log.replication.factor=1
 transaction.state.log.min.isr=1
 transaction.state.log.num.partitions=4
 transaction.max.timeout.ms={txn_max}
+# Expire timed-out transactions promptly, so expiry (a hazard the protocol must surface) is testable.
+transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
 share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0

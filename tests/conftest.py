@@ -17,6 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "dev"))
+sys.path.insert(0, str(ROOT / "tests"))
 
 import kafka_broker  # noqa: E402  (dev/, stdlib only)
 

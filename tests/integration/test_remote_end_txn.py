@@ -13,7 +13,7 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import Consumer
+from support import read_committed
 
 from lastagent.kafka_wire import EndTxnResult, TransactionCoordinatorClient
 
@@ -57,29 +57,6 @@ def _end(client: TransactionCoordinatorClient, tid: str, pid: int, epoch: int, c
     raise AssertionError(f"{tid}: still CONCURRENT_TRANSACTIONS after 10s")
 
 
-def _read_committed(bootstrap: str, topic: str, expect: int, timeout_s: float = 30.0) -> list[bytes]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
-                         "isolation.level": "read_committed", "auto.offset.reset": "earliest",
-                         "enable.auto.commit": False})
-    consumer.subscribe([topic])
-    values: list[bytes] = []
-    deadline = time.monotonic() + timeout_s
-    quiet_until = None
-    try:
-        while time.monotonic() < deadline:
-            msg = consumer.poll(0.2)
-            if msg is not None and msg.error() is None:
-                values.append(msg.value())
-            # Once the expected count is reached, keep reading briefly to catch duplicates.
-            if len(values) >= expect:
-                quiet_until = quiet_until or time.monotonic() + 2.0
-                if time.monotonic() > quiet_until:
-                    break
-    finally:
-        consumer.close()
-    return values
-
-
 def _handle(kafka_admin, tid: str) -> tuple[int, int]:
     desc = kafka_admin.describe_transactions([tid])[tid]
     assert desc.state.value == "Ongoing", desc
@@ -99,7 +76,7 @@ def test_commit_from_another_process_after_sigkill(kafka_bootstrap, kafka_admin,
         assert second.ok, second
         # The opposite verb for a finished branch is refused, not silently applied.
         assert _end(client, tid, pid, epoch, commit=False).error == "INVALID_TXN_STATE"
-    values = _read_committed(kafka_bootstrap, topic, expect=10)
+    values = [v for _, v in read_committed(kafka_bootstrap, topic, expect=10)]
     assert sorted(values) == sorted(f"{tid}:{i}".encode() for i in range(10))
     assert kafka_admin.describe_transactions([tid])[tid].state.value == "CompleteCommit"
 
@@ -119,5 +96,5 @@ def test_abort_from_another_process_after_sigkill(kafka_bootstrap, kafka_admin, 
     opid, oepoch = _handle(kafka_admin, other)
     with TransactionCoordinatorClient(kafka_bootstrap) as client:
         assert _end(client, other, opid, oepoch, commit=True).ok
-    values = _read_committed(kafka_bootstrap, topic, expect=2)
+    values = [v for _, v in read_committed(kafka_bootstrap, topic, expect=2)]
     assert sorted(values) == [f"{other}:0".encode(), f"{other}:1".encode()]

@@ -1,0 +1,404 @@
+"""Kafka as an XA resource: branches are Kafka transactions, finished from any process.
+
+Two halves, after the XA verbs (start / end / prepare on the branch's own producer, commit /
+rollback / recover / forget by the transaction manager):
+
+* :class:`BranchWriter` runs on an executor, inside one Spark task attempt. It owns a
+  confluent-kafka transactional producer, writes records, and ``prepare()`` flushes them inside
+  the still-open transaction and returns the branch's :class:`BranchHandle`. It never commits,
+  aborts or closes that transaction on the way out: the transaction outlives the producer, the
+  task, even a SIGKILL of the process, until the driver ends it or the broker's
+  ``transaction.timeout.ms`` expires it.
+* :class:`KafkaXAResource` runs on the driver (or in the ``lastagent`` command). It commits or
+  rolls back a branch by its handle with ``EndTxn`` (see :mod:`lastagent.kafka_wire`), lists
+  the open transactions of a link from the broker, and reads the broker's transaction limits.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from lastagent.errors import KafkaProtocolError, LastAgentError
+from lastagent.kafka_wire import TransactionCoordinatorClient
+
+log = logging.getLogger("lastagent.kafka")
+
+#: Kafka error names after which the same EndTxn may succeed: markers still being written,
+#: or the coordinator loading or moving.
+_RETRIABLE = frozenset({
+    "CONCURRENT_TRANSACTIONS", "COORDINATOR_LOAD_IN_PROGRESS", "NOT_COORDINATOR",
+    "COORDINATOR_NOT_AVAILABLE", "REQUEST_TIMED_OUT",
+})
+#: Kafka error names that say this handle's transaction is no longer the open one.
+_GONE = frozenset({
+    "INVALID_TXN_STATE", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH",
+    "INVALID_PRODUCER_ID_MAPPING", "TRANSACTIONAL_ID_NOT_FOUND",
+})
+
+
+class BranchError(LastAgentError):
+    """Writing or preparing a branch failed on the executor; the task fails and Spark retries it."""
+
+
+@dataclass(frozen=True)
+class BranchHandle:
+    """What any process needs to finish a prepared branch; the task's commit message.
+
+    Carries no payload and no secrets: only ids, counts and partitions.
+
+    Attributes:
+        transactional_id: the branch's Kafka transactional.id (bounded per link).
+        producer_id: the producer id that holds the open transaction.
+        producer_epoch: the producer epoch of the open transaction.
+        records: how many records the branch wrote; 0 means read-only (nothing to finish).
+        partitions: the topic partitions the transaction touched.
+    """
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    records: int
+    partitions: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def read_only(self) -> bool:
+        """XA's XA_RDONLY: the branch wrote nothing, so there is no transaction to end."""
+        return self.records == 0
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "tid": self.transactional_id, "pid": self.producer_id, "epoch": self.producer_epoch,
+            "records": self.records, "partitions": [list(tp) for tp in self.partitions],
+        }, separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "BranchHandle":
+        d = json.loads(text)
+        return cls(d["tid"], int(d["pid"]), int(d["epoch"]), int(d["records"]),
+                   tuple((str(t), int(p)) for t, p in d.get("partitions", [])))
+
+
+class EndOutcome(enum.Enum):
+    """How ending one branch turned out, as the protocol core needs to know it."""
+
+    COMMITTED = "committed"  # this call, or an earlier one (a retry recognised as done)
+    ROLLED_BACK = "rolled_back"
+    NOTHING_TO_END = "nothing_to_end"  # read-only branch
+    #: Asked to commit, but the broker ended the transaction otherwise (expired after its
+    #: timeout, or fenced by a new producer of the same id). A hazard for a decided epoch.
+    NOT_COMMITTED = "not_committed"
+    #: Asked to roll back, but the transaction was committed (XA's heuristic commit).
+    HEURISTIC_COMMIT = "heuristic_commit"
+
+
+@dataclass(frozen=True)
+class EndResult:
+    """One branch end: the outcome and the broker's words for it."""
+
+    handle: BranchHandle
+    outcome: EndOutcome
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class OpenTransaction:
+    """An open transaction the broker reports for a link's id prefix (recovery input)."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    state: str
+    started_ms: int
+    timeout_ms: int
+    partitions: tuple[tuple[str, int], ...] = field(default_factory=tuple)
+
+    def handle(self) -> BranchHandle:
+        """The handle to finish it; records unknown, so counted as one (not read-only)."""
+        return BranchHandle(self.transactional_id, self.producer_id, self.producer_epoch, 1, self.partitions)
+
+
+def producer_config(client_config: Mapping[str, str], transactional_id: str, timeout_ms: int) -> dict[str, Any]:
+    """confluent-kafka settings for one branch's producer. Executor side.
+
+    ``client_config`` holds the user's ``kafka.*`` options with the prefix removed.
+    """
+    config: dict[str, Any] = dict(client_config)
+    config.update({
+        "transactional.id": transactional_id,
+        "transaction.timeout.ms": int(timeout_ms),
+        "enable.idempotence": True,
+    })
+    return config
+
+
+class BranchWriter:
+    """One branch: a Kafka transaction written by one Spark task attempt. Executor side.
+
+    Args:
+        client_config: confluent-kafka settings (bootstrap.servers, security, tuning).
+        transactional_id: the branch id from the link's bounded naming scheme.
+        timeout_ms: the transaction timeout; the broker expires the branch after it.
+        admin_factory: builds the kafka-python admin client used to read the handle; tests
+            may pass one that is already connected.
+    """
+
+    def __init__(self, client_config: Mapping[str, str], transactional_id: str, timeout_ms: int,
+                 init_timeout_s: float = 60.0) -> None:
+        from confluent_kafka import Producer  # executor-only dependency on the data path
+
+        self.transactional_id = transactional_id
+        self._client_config = dict(client_config)
+        self._records = 0
+        self._partitions: set[tuple[str, int]] = set()
+        self._errors: list[str] = []
+        self._producer = Producer(producer_config(client_config, transactional_id, timeout_ms))
+        # init_transactions fences any older producer of this id and aborts its open
+        # transaction: the id scheme guarantees no decided branch still holds this id.
+        self._producer.init_transactions(init_timeout_s)
+        self._producer.begin_transaction()
+
+    def _on_delivery(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self._errors.append(f"{msg.topic()}[{msg.partition()}]: {err}")
+        else:
+            self._partitions.add((msg.topic(), msg.partition()))
+
+    def send(self, topic: str, value: bytes | None, key: bytes | None = None,
+             headers: list[tuple[str, bytes | None]] | None = None, partition: int | None = None) -> None:
+        """Adds one record to the branch; blocks briefly when the local queue is full."""
+        kwargs: dict[str, Any] = {"value": value, "key": key, "on_delivery": self._on_delivery}
+        if headers:
+            kwargs["headers"] = headers
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                self._producer.produce(topic, **kwargs)
+                break
+            except BufferError:
+                # Local queue full: serve delivery reports until there is room. Bounded memory.
+                self._producer.poll(0.1)
+        self._records += 1
+        self._producer.poll(0)
+
+    def prepare(self, flush_timeout_s: float = 300.0, admin: Any = None) -> BranchHandle:
+        """Flushes every record into the still-open transaction and returns the branch handle.
+
+        Raises:
+            BranchError: a record could not be delivered, or the flush timed out.
+        """
+        left = self._producer.flush(flush_timeout_s)
+        if left:
+            raise BranchError(f"branch {self.transactional_id}: {left} records not flushed within {flush_timeout_s}s")
+        if self._errors:
+            raise BranchError(f"branch {self.transactional_id}: delivery failed: {'; '.join(self._errors[:5])}")
+        if self._records == 0:
+            return BranchHandle(self.transactional_id, -1, -1, 0, ())
+        pid, epoch = describe_open(self._client_config, self.transactional_id, admin)
+        return BranchHandle(self.transactional_id, pid, epoch, self._records, tuple(sorted(self._partitions)))
+
+    def abort_local(self, timeout_s: float = 30.0) -> None:
+        """Rolls back from the owning producer, before prepare (the task failed mid-write)."""
+        self._producer.abort_transaction(timeout_s)
+
+
+def _admin(client_config: Mapping[str, str]) -> Any:
+    from kafka.admin import KafkaAdminClient
+
+    return KafkaAdminClient(bootstrap_servers=client_config["bootstrap.servers"], client_id="lastagent",
+                            **_kafka_python_security(client_config))
+
+
+def _kafka_python_security(client_config: Mapping[str, str]) -> dict[str, Any]:
+    # Only PLAINTEXT is tested here; pass the librdkafka names kafka-python shares.
+    out: dict[str, Any] = {}
+    if "security.protocol" in client_config:
+        out["security_protocol"] = client_config["security.protocol"]
+    return out
+
+
+def describe_open(client_config: Mapping[str, str], transactional_id: str, admin: Any = None) -> tuple[int, int]:
+    """(producer id, producer epoch) of the open transaction of transactional_id, from the broker."""
+    own = admin is None
+    admin = admin or _admin(client_config)
+    try:
+        desc = admin.describe_transactions([transactional_id])[transactional_id]
+    finally:
+        if own:
+            admin.close()
+    if desc.state.value != "Ongoing":
+        raise BranchError(f"branch {transactional_id}: expected an open transaction after flush, broker says {desc.state.value}")
+    return desc.producer_id, desc.producer_epoch
+
+
+class KafkaXAResource:
+    """The transaction manager's view of Kafka for one link. Driver side.
+
+    Args:
+        client_config: kafka settings with the ``kafka.`` prefix removed (bootstrap.servers...).
+        timeout_ms: transaction timeout given to new branches (``set_timeout``).
+        end_deadline_s: how long one commit or rollback retries retriable answers.
+    """
+
+    def __init__(self, client_config: Mapping[str, str], timeout_ms: int = 900_000,
+                 end_deadline_s: float = 60.0) -> None:
+        if "bootstrap.servers" not in client_config:
+            raise KafkaProtocolError("kafka.bootstrap.servers is required")
+        self._config = dict(client_config)
+        self._timeout_ms = timeout_ms
+        self._end_deadline_s = end_deadline_s
+        self._wire = TransactionCoordinatorClient(self._config["bootstrap.servers"])
+        self._admin_client: Any = None
+
+    # -- XA timeout ------------------------------------------------------------------------
+
+    def get_timeout(self) -> int:
+        return self._timeout_ms
+
+    def set_timeout(self, timeout_ms: int) -> None:
+        self._timeout_ms = int(timeout_ms)
+
+    def broker_max_timeout_ms(self) -> int:
+        """The broker's ``transaction.max.timeout.ms``; a branch timeout above it is refused."""
+        from kafka.admin import ConfigResource, ConfigResourceType
+
+        admin = self._admin()
+        broker_id = str(admin.describe_cluster()["brokers"][0]["broker_id"])
+        res = admin.describe_configs(
+            [ConfigResource(ConfigResourceType.BROKER, broker_id, configs=["transaction.max.timeout.ms"])],
+            config_filter="all",
+        )
+        entry = res.get("broker", {}).get(broker_id, {}).get("transaction.max.timeout.ms")
+        if entry is not None:
+            return int(entry["value"])
+        raise KafkaProtocolError("the broker did not report transaction.max.timeout.ms")
+
+    # -- commit / rollback -------------------------------------------------------------------
+
+    def commit(self, handle: BranchHandle) -> EndResult:
+        """Commits a prepared branch; a branch already committed counts as done."""
+        return self._end(handle, commit=True)
+
+    def rollback(self, handle: BranchHandle) -> EndResult:
+        """Rolls a prepared branch back; a branch already rolled back counts as done."""
+        return self._end(handle, commit=False)
+
+    def forget(self, handle: BranchHandle) -> None:
+        """XA forget: Kafka keeps no heuristic record to discard, so only the log remembers."""
+        log.info("forget branch %s (producer id %d, epoch %d)", handle.transactional_id,
+                 handle.producer_id, handle.producer_epoch)
+
+    def _end(self, handle: BranchHandle, commit: bool) -> EndResult:
+        if handle.read_only:
+            return EndResult(handle, EndOutcome.NOTHING_TO_END)
+        verb = "commit" if commit else "rollback"
+        deadline = time.monotonic() + self._end_deadline_s
+        delay = 0.02
+        while True:
+            try:
+                res = self._wire.end_txn(handle.transactional_id, handle.producer_id, handle.producer_epoch, commit)
+                error = res.error
+            except (OSError, KafkaProtocolError) as exc:
+                self._wire.close()  # reconnect: the coordinator may have moved or restarted
+                error = f"CONNECTION: {exc}"
+            if error == "NONE":
+                return EndResult(handle, EndOutcome.COMMITTED if commit else EndOutcome.ROLLED_BACK)
+            if error in _GONE:
+                return self._explain_gone(handle, commit, error)
+            if time.monotonic() > deadline:
+                raise KafkaProtocolError(
+                    f"{verb} of branch {handle.transactional_id} (producer id {handle.producer_id}, "
+                    f"epoch {handle.producer_epoch}) still failing after {self._end_deadline_s:.0f}s: {error}",
+                    retriable=True,
+                )
+            if error not in _RETRIABLE and not error.startswith("CONNECTION"):
+                raise KafkaProtocolError(f"{verb} of branch {handle.transactional_id} failed: {error}")
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    def _explain_gone(self, handle: BranchHandle, commit: bool, error: str) -> EndResult:
+        """The handle no longer names the open transaction: find out how it ended."""
+        try:
+            desc = self._admin().describe_transactions([handle.transactional_id])[handle.transactional_id]
+            state, pid, epoch = desc.state.value, desc.producer_id, desc.producer_epoch
+        except Exception as exc:  # noqa: BLE001 — reported in detail; the outcome stays "not done"
+            state, pid, epoch = f"unknown ({exc})", -1, -1
+        detail = (f"EndTxn answered {error}; broker now reports {state} for producer id {pid} "
+                  f"epoch {epoch} (branch had producer id {handle.producer_id} epoch {handle.producer_epoch})")
+        # Transaction protocol v2 bumps the epoch by one at every end, so the end of *this*
+        # transaction shows as (same pid, epoch + 1) while no newer one has started.
+        ours = pid == handle.producer_id and epoch == handle.producer_epoch + 1
+        if commit:
+            if ours and state == "CompleteCommit":
+                return EndResult(handle, EndOutcome.COMMITTED, detail)
+            return EndResult(handle, EndOutcome.NOT_COMMITTED, detail)
+        if ours and state == "CompleteCommit":
+            return EndResult(handle, EndOutcome.HEURISTIC_COMMIT, detail)
+        # Aborted, expired or fenced: for a rollback every one of those means "not committed".
+        return EndResult(handle, EndOutcome.ROLLED_BACK, detail)
+
+    def end_all(self, handles: Iterable[BranchHandle], commit: bool, parallelism: int = 8) -> list[EndResult]:
+        """Ends many branches in parallel (phase 2). Each thread has its own connection."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        handles = list(handles)
+        if len(handles) <= 1:
+            return [self._end(h, commit) for h in handles]
+
+        def one(h: BranchHandle) -> EndResult:
+            worker = KafkaXAResource(self._config, self._timeout_ms, self._end_deadline_s)
+            try:
+                return worker._end(h, commit)
+            finally:
+                worker.close()
+
+        with ThreadPoolExecutor(max_workers=min(parallelism, len(handles))) as pool:
+            return list(pool.map(one, handles))
+
+    # -- recover -------------------------------------------------------------------------------
+
+    def recover(self, transactional_id_prefix: str) -> list[OpenTransaction]:
+        """Every open transaction whose transactional.id starts with the prefix, from the broker.
+
+        Only ``Ongoing`` transactions are in doubt: one in PrepareCommit / PrepareAbort is
+        already decided by its coordinator, which completes it on its own.
+        """
+        admin = self._admin()
+        listed = admin.list_transactions(state_filters=["Ongoing"])
+        ids = sorted({t.transactional_id for rows in listed.values() for t in rows
+                      if t.transactional_id.startswith(transactional_id_prefix)})
+        if not ids:
+            return []
+        out = []
+        for tid, desc in sorted(admin.describe_transactions(ids).items()):
+            if desc.state.value != "Ongoing":
+                continue  # ended between list and describe
+            out.append(OpenTransaction(
+                tid, desc.producer_id, desc.producer_epoch, desc.state.value,
+                desc.transaction_start_time_ms, desc.transaction_timeout_ms,
+                tuple(sorted((tp.topic, tp.partition) for tp in desc.topic_partitions)),
+            ))
+        return out
+
+    def _admin(self) -> Any:
+        if self._admin_client is None:
+            self._admin_client = _admin(self._config)
+        return self._admin_client
+
+    def close(self) -> None:
+        self._wire.close()
+        if self._admin_client is not None:
+            self._admin_client.close()
+            self._admin_client = None
+
+    def __enter__(self) -> "KafkaXAResource":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

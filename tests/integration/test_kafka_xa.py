@@ -1,0 +1,143 @@
+"""The Kafka XA resource on the real broker: prepare in one process, finish in another."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+from support import read_committed
+
+from lastagent.kafka_xa import BranchHandle, BranchWriter, EndOutcome, KafkaXAResource
+
+pytestmark = pytest.mark.integration
+
+# A task: prepares a branch, prints its handle (the commit message), then waits to be killed.
+_TASK = r"""
+import sys, time
+from lastagent.kafka_xa import BranchWriter
+bs, topic, tid, n, timeout_ms = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+w = BranchWriter({"bootstrap.servers": bs}, tid, timeout_ms)
+for i in range(n):
+    w.send(topic, f"{tid}:{i}".encode(), key=str(i).encode())
+print(w.prepare().to_json(), flush=True)
+time.sleep(600)
+"""
+
+
+def prepare_in_killed_process(bootstrap: str, topic: str, tid: str, n: int, timeout_ms: int = 600_000) -> BranchHandle:
+    child = subprocess.Popen([sys.executable, "-c", _TASK, bootstrap, topic, tid, str(n), str(timeout_ms)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        line = child.stdout.readline()
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    return BranchHandle.from_json(line)
+
+
+@pytest.fixture
+def xa(kafka_bootstrap):
+    with KafkaXAResource({"bootstrap.servers": kafka_bootstrap}) as resource:
+        yield resource
+
+
+def _values(bootstrap: str, topic: str, expect: int) -> list[bytes]:
+    return sorted(v for _, v in read_committed(bootstrap, topic, expect))
+
+
+def test_prepared_branch_survives_sigkill_and_commits_once(kafka_bootstrap, new_topic, xa):
+    topic = new_topic(partitions=3)
+    tid = f"xa-{uuid.uuid4().hex[:8]}-0"
+    handle = prepare_in_killed_process(kafka_bootstrap, topic, tid, 50)
+    assert handle.records == 50 and handle.producer_id >= 0
+    assert {t for t, _ in handle.partitions} == {topic}
+    assert xa.commit(handle).outcome is EndOutcome.COMMITTED
+    assert xa.commit(handle).outcome is EndOutcome.COMMITTED  # a retried commit is done, not an error
+    assert _values(kafka_bootstrap, topic, 50) == sorted(f"{tid}:{i}".encode() for i in range(50))
+
+
+def test_rollback_hides_records_and_is_idempotent(kafka_bootstrap, new_topic, xa):
+    topic = new_topic()
+    dead = prepare_in_killed_process(kafka_bootstrap, topic, f"xa-{uuid.uuid4().hex[:8]}-0", 20)
+    assert xa.rollback(dead).outcome is EndOutcome.ROLLED_BACK
+    assert xa.rollback(dead).outcome is EndOutcome.ROLLED_BACK
+    live = prepare_in_killed_process(kafka_bootstrap, topic, f"xa-{uuid.uuid4().hex[:8]}-1", 3)
+    assert xa.commit(live).outcome is EndOutcome.COMMITTED
+    assert _values(kafka_bootstrap, topic, 3) == sorted(f"{live.transactional_id}:{i}".encode() for i in range(3))
+
+
+def test_commit_after_rollback_is_not_committed(kafka_bootstrap, new_topic, xa):
+    topic = new_topic()
+    handle = prepare_in_killed_process(kafka_bootstrap, topic, f"xa-{uuid.uuid4().hex[:8]}-0", 2)
+    assert xa.rollback(handle).outcome is EndOutcome.ROLLED_BACK
+    result = xa.commit(handle)
+    assert result.outcome is EndOutcome.NOT_COMMITTED
+    assert "CompleteAbort" in result.detail
+
+
+def test_rollback_after_commit_is_heuristic(kafka_bootstrap, new_topic, xa):
+    topic = new_topic()
+    handle = prepare_in_killed_process(kafka_bootstrap, topic, f"xa-{uuid.uuid4().hex[:8]}-0", 2)
+    assert xa.commit(handle).outcome is EndOutcome.COMMITTED
+    assert xa.rollback(handle).outcome is EndOutcome.HEURISTIC_COMMIT
+
+
+def test_recover_lists_open_branches_of_a_prefix_only(kafka_bootstrap, new_topic, xa):
+    topic = new_topic()
+    link = f"xa-{uuid.uuid4().hex[:8]}"
+    mine = [prepare_in_killed_process(kafka_bootstrap, topic, f"{link}-{i}", 1) for i in range(3)]
+    other = prepare_in_killed_process(kafka_bootstrap, topic, f"other-{uuid.uuid4().hex[:8]}-0", 1)
+    try:
+        found = xa.recover(link + "-")
+        assert sorted(t.transactional_id for t in found) == sorted(h.transactional_id for h in mine)
+        by_id = {t.transactional_id: t for t in found}
+        for h in mine:
+            assert (by_id[h.transactional_id].producer_id, by_id[h.transactional_id].producer_epoch) == (
+                h.producer_id, h.producer_epoch)
+        results = xa.end_all([t.handle() for t in found], commit=False)
+        assert {r.outcome for r in results} == {EndOutcome.ROLLED_BACK}
+        assert xa.recover(link + "-") == []
+    finally:
+        xa.rollback(other)
+
+
+def test_expired_branch_is_reported_not_committed(kafka_bootstrap, new_topic, xa):
+    topic = new_topic()
+    handle = prepare_in_killed_process(kafka_bootstrap, topic, f"xa-{uuid.uuid4().hex[:8]}-0", 5, timeout_ms=1000)
+    deadline = time.monotonic() + 60
+    while xa.recover(handle.transactional_id) and time.monotonic() < deadline:
+        time.sleep(0.5)  # the broker aborts it after transaction.timeout.ms
+    result = xa.commit(handle)
+    assert result.outcome is EndOutcome.NOT_COMMITTED, result
+    assert _values(kafka_bootstrap, topic, 0) == []
+
+
+def test_new_producer_of_same_id_fences_the_old_branch(kafka_bootstrap, new_topic, xa):
+    topic = new_topic()
+    tid = f"xa-{uuid.uuid4().hex[:8]}-0"
+    old = prepare_in_killed_process(kafka_bootstrap, topic, tid, 4)
+    new = BranchWriter({"bootstrap.servers": kafka_bootstrap}, tid, 600_000)  # fences `old`
+    new.send(topic, b"new")
+    new_handle = new.prepare()
+    assert xa.commit(old).outcome is EndOutcome.NOT_COMMITTED
+    assert xa.commit(new_handle).outcome is EndOutcome.COMMITTED
+    assert _values(kafka_bootstrap, topic, 1) == [b"new"]
+
+
+def test_read_only_branch_has_nothing_to_end(kafka_bootstrap, xa):
+    w = BranchWriter({"bootstrap.servers": kafka_bootstrap}, f"xa-{uuid.uuid4().hex[:8]}-0", 600_000)
+    handle = w.prepare()
+    assert handle.read_only
+    assert xa.commit(handle).outcome is EndOutcome.NOTHING_TO_END
+
+
+def test_broker_transaction_limits(xa):
+    assert xa.broker_max_timeout_ms() >= 3_600_000
+    xa.set_timeout(120_000)
+    assert xa.get_timeout() == 120_000
