@@ -1,0 +1,1 @@
+"""Sources: the ``lastagent-kafka`` streaming reader."""
