@@ -1,0 +1,288 @@
+"""The arbitration store: the proof that an epoch was decided, in a Delta table. Driver side.
+
+For a link whose only target is Kafka, the last agent's one-phase commit is one Delta commit
+to a dedicated arbitration table: one row per decided epoch (link, epoch, gxid, branches,
+decided_at, confirmed_through) plus a Delta ``txn`` action (appId = link, version = epoch).
+The ``txn`` action makes the decision idempotent and race-safe: of two deciders that commit the
+same epoch concurrently, Delta's conflict check lets exactly one win, and the other reads the
+winner's record and follows it. Spark reads the table with ``spark.read.format("delta")``.
+
+Completion is recorded without extra commits: each decision row carries
+``confirmed_through``, the newest epoch whose branches were all confirmed committed before it
+was written. Cleanup deletes only rows at or below that mark, minus a retention window.
+
+Rows carry ids, counts and partitions only: never payload, never secrets.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from lastagent.errors import LastAgentError
+
+log = logging.getLogger("lastagent.arbitration")
+
+
+class ArbitrationError(LastAgentError):
+    """The arbitration table cannot be read or written; nothing was decided by this call."""
+
+
+class LinkMismatchError(ArbitrationError):
+    """The arbitration table belongs to another link (the `link` option was renamed)."""
+
+
+@dataclass(frozen=True)
+class ArbitrationRecord:
+    """One decided epoch.
+
+    Attributes:
+        link: the link name (the ``link`` option).
+        epoch: Spark's micro-batch id.
+        gxid: the global transaction id in its text form.
+        branches: the commit messages (branch handles, JSON) the decision covers.
+        decided_at_ms: wall-clock time of the decision, for operators.
+        confirmed_through: newest epoch whose branches were all confirmed committed when this
+            record was written (-1 for none).
+    """
+
+    link: str
+    epoch: int
+    gxid: str
+    branches: tuple[str, ...]
+    decided_at_ms: int = 0
+    confirmed_through: int = -1
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of :meth:`ArbitrationStore.decide`: the record that stands, and whether we wrote it."""
+
+    record: ArbitrationRecord
+    won: bool
+
+
+class ArbitrationStore(Protocol):
+    """What the protocol needs from an arbitration store."""
+
+    def decide(self, record: ArbitrationRecord) -> Decision:
+        """Records the epoch unless already decided; returns the record that stands."""
+        ...
+
+    def get(self, link: str, epoch: int) -> ArbitrationRecord | None:
+        """The decision of one epoch, or None (presumed abort)."""
+        ...
+
+    def records(self, link: str) -> list[ArbitrationRecord]:
+        """Every decision of the link still kept, oldest first."""
+        ...
+
+    def latest_epoch(self, link: str) -> int | None:
+        """The newest decided epoch of the link (from the ``txn`` action), or None."""
+        ...
+
+    def cleanup(self, link: str, retain_epochs: int) -> int:
+        """Deletes confirmed decisions older than the retention; returns rows deleted."""
+        ...
+
+
+class InMemoryArbitrationStore:
+    """The same interface, in memory; for unit tests and the model check."""
+
+    def __init__(self) -> None:
+        self._rows: dict[tuple[str, int], ArbitrationRecord] = {}
+        self._latest: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def decide(self, record: ArbitrationRecord) -> Decision:
+        with self._lock:
+            if self._latest.get(record.link, -1) >= record.epoch:
+                existing = self._rows.get((record.link, record.epoch))
+                if existing is None:
+                    raise ArbitrationError(
+                        f"link {record.link!r} epoch {record.epoch} is decided but its record was cleaned up")
+                return Decision(existing, won=False)
+            self._rows[(record.link, record.epoch)] = record
+            self._latest[record.link] = record.epoch
+            return Decision(record, won=True)
+
+    def get(self, link: str, epoch: int) -> ArbitrationRecord | None:
+        return self._rows.get((link, epoch))
+
+    def records(self, link: str) -> list[ArbitrationRecord]:
+        return sorted((r for (lk, _), r in self._rows.items() if lk == link), key=lambda r: r.epoch)
+
+    def latest_epoch(self, link: str) -> int | None:
+        return self._latest.get(link)
+
+    def cleanup(self, link: str, retain_epochs: int) -> int:
+        rows = self.records(link)
+        if not rows:
+            return 0
+        limit = rows[-1].confirmed_through - retain_epochs
+        doomed = [r for r in rows if r.epoch <= limit]
+        for r in doomed:
+            del self._rows[(link, r.epoch)]
+        return len(doomed)
+
+
+class DeltaArbitrationStore:
+    """Arbitration rows in a Delta table, written with deltalake (delta-rs) from the driver.
+
+    Args:
+        path: the table's location (local path or URI delta-rs understands).
+        storage_options: passed to delta-rs for object stores.
+    """
+
+    SCHEMA_FIELDS = ("link", "epoch", "gxid", "branches", "decided_at", "confirmed_through")
+
+    def __init__(self, path: str, storage_options: dict[str, str] | None = None) -> None:
+        self.path = str(path)
+        self._storage = storage_options or None
+
+    def _table(self):  # noqa: ANN202 — deltalake type
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            return DeltaTable(self.path, storage_options=self._storage)
+        except TableNotFoundError:
+            return None
+        except Exception as exc:  # noqa: BLE001 — any read failure means "cannot decide now"
+            raise ArbitrationError(f"cannot read arbitration table {self.path}: {exc}") from exc
+
+    def _ensure_table(self):  # noqa: ANN202
+        """Opens the table, creating it empty first; a creation race leaves one table."""
+        table = self._table()
+        if table is not None:
+            return table
+        from deltalake import DeltaTable
+
+        try:
+            # Created empty, so every decision (epoch 0 too) is a commit against an existing
+            # table, where the txn-appId conflict check applies.
+            DeltaTable.create(self.path, self._arrow([]).schema, mode="ignore",
+                              storage_options=self._storage, name="lastagent_arbitration")
+        except Exception as exc:  # noqa: BLE001 — a concurrent creator may have won; re-open below
+            log.info("creating arbitration table %s: %s", self.path, exc)
+        table = self._table()
+        if table is None:
+            raise ArbitrationError(f"cannot create arbitration table {self.path}")
+        return table
+
+    def _arrow(self, rows: list[ArbitrationRecord]):  # noqa: ANN202
+        import pyarrow as pa
+
+        return pa.table({
+            "link": pa.array([r.link for r in rows], pa.string()),
+            "epoch": pa.array([r.epoch for r in rows], pa.int64()),
+            "gxid": pa.array([r.gxid for r in rows], pa.string()),
+            "branches": pa.array([json.dumps(list(r.branches)) for r in rows], pa.string()),
+            "decided_at": pa.array([r.decided_at_ms * 1000 for r in rows], pa.timestamp("us", tz="UTC")),
+            "confirmed_through": pa.array([r.confirmed_through for r in rows], pa.int64()),
+        })
+
+    @staticmethod
+    def _record(row: dict) -> ArbitrationRecord:
+        decided = row["decided_at"]
+        decided_ms = int(decided.timestamp() * 1000) if hasattr(decided, "timestamp") else int(decided or 0)
+        return ArbitrationRecord(row["link"], int(row["epoch"]), row["gxid"], tuple(json.loads(row["branches"])),
+                                 decided_ms, int(row["confirmed_through"]))
+
+    def check_link(self, link: str) -> None:
+        """Fails when the table already holds decisions of a different link name.
+
+        Raises:
+            LinkMismatchError: naming both links; renaming a link breaks recovery.
+        """
+        table = self._table()
+        if table is None:
+            return
+        links = set(table.to_pyarrow_table(columns=["link"]).column("link").to_pylist())
+        if links and link not in links:
+            raise LinkMismatchError(
+                f"option 'link': the arbitration table {self.path} belongs to link(s) {sorted(links)}, "
+                f"not {link!r}. A link's name must stay stable (its in-doubt branches are found by it); "
+                "use the old name, or a new arbitrationTable for a new link"
+            )
+
+    def decide(self, record: ArbitrationRecord) -> Decision:
+        from deltalake import CommitProperties, Transaction, write_deltalake
+        from deltalake.exceptions import CommitFailedError
+
+        if not record.decided_at_ms:
+            record = replace(record, decided_at_ms=int(time.time() * 1000))
+        for _ in range(10):
+            table = self._ensure_table()
+            decided = table.transaction_version(record.link)
+            if decided is not None and decided >= record.epoch:
+                existing = self.get(record.link, record.epoch, table)
+                if existing is None:
+                    raise ArbitrationError(
+                        f"link {record.link!r} epoch {record.epoch} is decided in {self.path} but its row is gone")
+                return Decision(existing, won=False)
+            props = CommitProperties(
+                app_transactions=[Transaction(app_id=record.link, version=record.epoch,
+                                              last_updated=record.decided_at_ms)],
+                custom_metadata={"lastagent.link": record.link, "lastagent.epoch": str(record.epoch),
+                                 "lastagent.gxid": record.gxid,
+                                 "lastagent.branches": str(len(record.branches))},
+            )
+            try:
+                write_deltalake(table, self._arrow([record]), mode="append", commit_properties=props)
+                return Decision(record, won=True)
+            except CommitFailedError as exc:
+                # Another decider committed first (same txn appId) or the table moved on: re-read.
+                log.info("arbitration commit for %s epoch %d lost a race (%s); re-reading",
+                         record.link, record.epoch, exc)
+            except Exception as exc:  # noqa: BLE001
+                raise ArbitrationError(f"cannot write arbitration table {self.path}: {exc}") from exc
+        raise ArbitrationError(f"arbitration for {record.link!r} epoch {record.epoch}: too many concurrent commits")
+
+    def get(self, link: str, epoch: int, table=None) -> ArbitrationRecord | None:  # noqa: ANN001
+        table = table or self._table()
+        if table is None:
+            return None
+        import pyarrow.compute as pc
+
+        data = table.to_pyarrow_table(filters=[("link", "=", link), ("epoch", "=", epoch)])
+        rows = data.filter(pc.and_(pc.equal(data["link"], link), pc.equal(data["epoch"], epoch))).to_pylist()
+        return self._record(rows[0]) if rows else None
+
+    def records(self, link: str) -> list[ArbitrationRecord]:
+        table = self._table()
+        if table is None:
+            return []
+        rows = table.to_pyarrow_table(filters=[("link", "=", link)]).to_pylist()
+        return sorted((self._record(r) for r in rows if r["link"] == link), key=lambda r: r.epoch)
+
+    def latest_epoch(self, link: str) -> int | None:
+        table = self._table()
+        if table is None:
+            return None
+        return table.transaction_version(link)
+
+    def cleanup(self, link: str, retain_epochs: int) -> int:
+        rows = self.records(link)
+        if not rows:
+            return 0
+        limit = max(r.confirmed_through for r in rows) - retain_epochs
+        doomed = [r for r in rows if r.epoch <= limit]
+        if not doomed:
+            return 0
+        table = self._table()
+        escaped = link.replace("'", "''")
+        table.delete(f"link = '{escaped}' AND epoch <= {limit}")
+        table.optimize.compact()
+        return len(doomed)
+
+    def size(self) -> tuple[int, int]:
+        """(rows, data files) of the table, for ``lastagent status``."""
+        table = self._table()
+        if table is None:
+            return 0, 0
+        return table.to_pyarrow_table(columns=["epoch"]).num_rows, len(table.files())

@@ -1,0 +1,80 @@
+"""The Delta arbitration store: idempotent, race-safe decisions that Spark reads back."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from lastagent.arbitration import ArbitrationError, ArbitrationRecord, DeltaArbitrationStore, InMemoryArbitrationStore, LinkMismatchError
+
+pytestmark = pytest.mark.integration
+
+
+def _rec(epoch: int, branch: str, link: str = "orders", confirmed: int = -1) -> ArbitrationRecord:
+    return ArbitrationRecord(link, epoch, f"gxid-{link}-{epoch}", (branch,), confirmed_through=confirmed)
+
+
+@pytest.fixture(params=["delta", "memory"])
+def store(request, tmp_path):
+    return DeltaArbitrationStore(str(tmp_path / "arb")) if request.param == "delta" else InMemoryArbitrationStore()
+
+
+def test_decide_once_then_follow(store):
+    first = store.decide(_rec(0, "a"))
+    assert first.won
+    again = store.decide(_rec(0, "b"))
+    assert not again.won and again.record.branches == ("a",)
+    assert store.get("orders", 0).branches == ("a",)
+    assert store.get("orders", 1) is None
+    assert store.latest_epoch("orders") == 0
+
+
+def test_racing_deciders_exactly_one_wins(store):
+    for epoch in range(4):
+        barrier = threading.Barrier(2)
+        results = {}
+
+        def decide(name: str) -> None:
+            barrier.wait()
+            results[name] = store.decide(_rec(epoch, name))
+
+        threads = [threading.Thread(target=decide, args=(n,)) for n in ("x", "y")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(d.won for d in results.values()) == [False, True]
+        # The loser follows the winner: both see one record.
+        assert results["x"].record.branches == results["y"].record.branches
+        assert store.get("orders", epoch).branches == results["x"].record.branches
+
+
+def test_cleanup_keeps_unconfirmed_and_retained(store):
+    for epoch in range(6):
+        store.decide(_rec(epoch, f"b{epoch}", confirmed=epoch - 1))
+    # confirmed through 4, keep 2 more: epochs 0..2 go.
+    assert store.cleanup("orders", retain_epochs=2) == 3
+    assert [r.epoch for r in store.records("orders")] == [3, 4, 5]
+    # A cleaned-up epoch stays decided: re-deciding it is refused loudly, never re-recorded.
+    with pytest.raises(ArbitrationError, match="epoch 1 is decided"):
+        store.decide(_rec(1, "late"))
+
+
+def test_link_name_is_remembered(tmp_path):
+    store = DeltaArbitrationStore(str(tmp_path / "arb"))
+    store.decide(_rec(0, "a", link="orders"))
+    store.check_link("orders")
+    with pytest.raises(LinkMismatchError, match="option 'link'.*orders"):
+        store.check_link("orders-v2")
+
+
+def test_spark_reads_the_arbitration_table(spark, tmp_path):
+    store = DeltaArbitrationStore(str(tmp_path / "arb"))
+    for epoch in range(3):
+        store.decide(_rec(epoch, f'{{"tid":"orders-0-{epoch}"}}', confirmed=epoch - 1))
+    rows = spark.read.format("delta").load(store.path).orderBy("epoch").collect()
+    assert [(r.link, r.epoch, r.gxid) for r in rows] == [("orders", e, f"gxid-orders-{e}") for e in range(3)]
+    assert rows[2].confirmed_through == 1
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{store.path}`").collect()
+    assert len(history) == 4  # the empty table, then one commit per decision
