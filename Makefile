@@ -57,7 +57,7 @@ test-chaos: setup
 	$(PYTEST) tests/chaos
 
 bench: setup kafka-up
-	$(PYTHON) bench/run.py
+	$(PYTHON) bench/source_bench.py
 
 clean:
 	rm -rf $(VENV) .cache build *.egg-info
