@@ -18,39 +18,18 @@ import json
 import os
 import statistics
 import sys
-import threading
 import time
 import uuid
-from pathlib import Path
 
-from confluent_kafka import Consumer, Producer, TopicPartition
-from kafka.admin import KafkaAdminClient, NewTopic
+from common import BOOTSTRAP, PeakRss, fill_topic
+from confluent_kafka import Consumer, TopicPartition
+from kafka.admin import KafkaAdminClient
 
 from lastagent.spark_session import local_session
 
-BOOTSTRAP = os.environ.get("LASTAGENT_KAFKA_BOOTSTRAP", f"127.0.0.1:{os.environ.get('LASTAGENT_KAFKA_PORT', '39092')}")
 ROWS = int(os.environ.get("BENCH_ROWS", "2000000"))
 MEM_MB = int(os.environ.get("BENCH_MEM_MB", "1024"))
 REPEAT = int(os.environ.get("BENCH_REPEAT", "3"))
-
-
-def make_topic(admin: KafkaAdminClient, partitions: int, rows: int, value_size: int) -> str:
-    topic = f"bench-{uuid.uuid4().hex[:8]}"
-    admin.create_topics([NewTopic(topic, partitions, 1)])
-    producer = Producer({"bootstrap.servers": BOOTSTRAP, "linger.ms": 50, "batch.size": 1_000_000,
-                         "compression.type": "lz4", "queue.buffering.max.kbytes": 1_048_576})
-    value = b"x" * value_size
-    for i in range(rows):
-        while True:
-            try:
-                producer.produce(topic, value=value, key=str(i).encode(), partition=i % partitions)
-                break
-            except BufferError:
-                producer.poll(0.05)
-        if i % 10000 == 0:
-            producer.poll(0)
-    assert producer.flush(120) == 0
-    return topic
 
 
 def raw_consumer(topic: str, partitions: int, rows: int) -> float:
@@ -87,52 +66,11 @@ def spark_read(spark, fmt: str, topic: str, rows: int, extra: dict[str, str] | N
     return rows / elapsed
 
 
-class PeakRss:
-    """Samples the peak RSS of Spark's Python worker processes (pyspark.daemon / worker)."""
-
-    def __init__(self) -> None:
-        self.peak_kb = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _workers(self) -> list[int]:
-        pids = []
-        for d in Path("/proc").iterdir():
-            if not d.name.isdigit() or int(d.name) == os.getpid():
-                continue
-            try:
-                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ")
-            except OSError:
-                continue
-            if b"pyspark.daemon" in cmd or b"pyspark.worker" in cmd:
-                pids.append(int(d.name))
-        return pids
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for pid in self._workers():
-                try:
-                    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                        if line.startswith("VmRSS:"):
-                            self.peak_kb = max(self.peak_kb, int(line.split()[1]))
-                except OSError:
-                    pass
-            time.sleep(0.05)
-
-    def __enter__(self) -> "PeakRss":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def main() -> int:
     admin = KafkaAdminClient(bootstrap_servers=BOOTSTRAP)
     spark = local_session("lastagent-bench")
     spark.sparkContext.setLogLevel("ERROR")
-    topic = make_topic(admin, 2, ROWS, 100)
+    topic = fill_topic(admin, 2, ROWS, 100)
     results: dict[str, list[float]] = {"raw": [], "kafka": [], "lastagent-kafka": []}
     # Warm-up: JIT, Python workers, consumers.
     spark_read(spark, "kafka", topic, ROWS)
@@ -145,7 +83,7 @@ def main() -> int:
 
     # Memory: one task reads one partition of MEM_MB (1 KiB values).
     mem_rows = MEM_MB * 1024
-    big = make_topic(admin, 1, mem_rows, 1024)
+    big = fill_topic(admin, 1, mem_rows, 1024)
     with PeakRss() as rss:
         spark_read(spark, "lastagent-kafka", big, mem_rows)
     summary = {

@@ -9,3 +9,9 @@ class KafkaDataSource(DataSource):
     @classmethod
     def name(cls) -> str:
         return "lastagent-kafka"
+
+    def streamWriter(self, schema, overwrite):  # noqa: ANN001, ANN201, N802 — Spark's API
+        """Driver: the exactly-once sink's writer (pickled to executors for ``write``)."""
+        from lastagent.sinks.kafka_sink import KafkaStreamWriter
+
+        return KafkaStreamWriter(self.options, schema)

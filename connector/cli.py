@@ -1,0 +1,143 @@
+"""The ``lastagent`` command: ``status`` and ``recover`` for one link. Runs where an operator is.
+
+Examples::
+
+    lastagent status  --link orders --arbitration-table /data/arb --bootstrap-servers host:9092
+    lastagent recover --link orders --arbitration-table /data/arb --bootstrap-servers host:9092
+    lastagent recover ... --apply                 # commit decided branches, roll back the rest
+    lastagent recover ... --rollback lastagent-orders-3-0
+    lastagent recover ... --commit lastagent-orders-3-0   # by hand: the operator decides
+
+Exit status: 0 when nothing of the link is in doubt, 1 while anything stays in doubt,
+2 on bad usage or an unreachable broker/table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+from lastagent.errors import LastAgentError
+
+
+def _options(args: argparse.Namespace) -> Any:
+    from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
+
+    raw = {"kafka.bootstrap.servers": args.bootstrap_servers, "link": args.link,
+           "arbitrationTable": args.arbitration_table, "checkpointLocation": "-"}
+    for setting in args.kafka or []:
+        key, _, value = setting.partition("=")
+        raw[f"kafka.{key}"] = value
+    return KafkaSinkOptions.parse(raw)
+
+
+def _status(committer: Any) -> dict[str, Any]:
+    records = committer.store.records(committer.link)
+    rows, files = committer.store.size()
+    in_doubt = committer.in_doubt()
+    return {
+        "link": committer.link,
+        "arbitration_table": committer.options.arbitration_table,
+        "decided_epochs": len(records),
+        "latest_decided_epoch": committer.store.latest_epoch(committer.link),
+        "confirmed_through": max((r.confirmed_through for r in records), default=-1),
+        "arbitration_rows": rows,
+        "arbitration_files": files,
+        "in_doubt": [_branch(t, decision, epoch) for t, decision, epoch in in_doubt],
+    }
+
+
+def _branch(t: Any, decision: str, epoch: int) -> dict[str, Any]:
+    return {"transactional_id": t.transactional_id, "producer_id": t.producer_id,
+            "producer_epoch": t.producer_epoch, "started_ms": t.started_ms, "timeout_ms": t.timeout_ms,
+            "partitions": [f"{topic}-{p}" for topic, p in t.partitions],
+            "decision": decision, "epoch": epoch}
+
+
+def _print_status(status: dict[str, Any]) -> None:
+    print(f"link {status['link']}  (arbitration: {status['arbitration_table']})")
+    print(f"  decided epochs kept: {status['decided_epochs']}, latest decided: {status['latest_decided_epoch']}, "
+          f"confirmed through: {status['confirmed_through']}")
+    print(f"  arbitration size: {status['arbitration_rows']} rows in {status['arbitration_files']} files")
+    _print_in_doubt(status["in_doubt"])
+
+
+def _print_in_doubt(branches: list[dict[str, Any]]) -> None:
+    if not branches:
+        print("  in doubt: none")
+        return
+    print(f"  in doubt: {len(branches)} branch(es)")
+    for b in branches:
+        why = f"epoch {b['epoch']} is decided" if b["decision"] == "commit" else "no decision covers it (presumed abort)"
+        print(f"    {b['transactional_id']}  producer {b['producer_id']}/{b['producer_epoch']}  "
+              f"{','.join(b['partitions'])}  -> {b['decision']} ({why})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lastagent", description="Inspect and recover lastagent links.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, text in (("status", "epochs, in-doubt branches, arbitration size"),
+                       ("recover", "list in-doubt branches and the decision each would get; act on them")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--link", required=True, help="the link name (the 'link' option of the query)")
+        p.add_argument("--arbitration-table", required=True, help="the 'arbitrationTable' option of the query")
+        p.add_argument("--bootstrap-servers", required=True, help="kafka.bootstrap.servers")
+        p.add_argument("--kafka", action="append", metavar="KEY=VALUE", help="extra kafka.* client setting")
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "recover":
+            p.add_argument("--apply", action="store_true", help="carry out every listed decision")
+            p.add_argument("--commit", nargs="+", default=[], metavar="TXN_ID", help="commit these branches by hand")
+            p.add_argument("--rollback", nargs="+", default=[], metavar="TXN_ID", help="roll these back by hand")
+            p.add_argument("--forget", nargs="+", default=[], metavar="TXN_ID",
+                           help="forget (log and stop reporting) heuristically ended branches")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from lastagent.committer import Committer
+
+    try:
+        with Committer(_options(args)) as committer:
+            if args.command == "status":
+                status = _status(committer)
+                print(json.dumps(status, indent=2)) if args.json else _print_status(status)
+                return 1 if status["in_doubt"] else 0
+            return _recover(committer, args)
+    except LastAgentError as exc:
+        print(f"lastagent: {exc}", file=sys.stderr)
+        return 2
+
+
+def _recover(committer: Any, args: argparse.Namespace) -> int:
+    in_doubt = committer.in_doubt()
+    by_id = {t.transactional_id: (t, d, e) for t, d, e in in_doubt}
+    actions: list[tuple[Any, str]] = []
+    if args.apply:
+        actions = [(t, d) for t, d, _ in in_doubt]
+    for verb, ids in (("commit", args.commit), ("rollback", args.rollback)):
+        for tid in ids:
+            if tid not in by_id:
+                print(f"lastagent: {tid} is not an open branch of link {committer.link}", file=sys.stderr)
+                return 2
+            actions.append((by_id[tid][0], verb))
+    for tid in args.forget:
+        committer.xa.forget(by_id[tid][0].handle()) if tid in by_id else None
+    done = []
+    for t, verb in actions:
+        result = committer.xa.commit(t.handle()) if verb == "commit" else committer.xa.rollback(t.handle())
+        done.append({"transactional_id": t.transactional_id, "action": verb, "outcome": result.outcome.value,
+                     "detail": result.detail})
+    remaining = [_branch(t, d, e) for t, d, e in committer.in_doubt()]
+    if args.json:
+        print(json.dumps({"link": committer.link, "done": done, "in_doubt": remaining}, indent=2))
+    else:
+        for d in done:
+            print(f"  {d['action']} {d['transactional_id']}: {d['outcome']} {d['detail']}".rstrip())
+        print(f"link {committer.link}")
+        _print_in_doubt(remaining)
+    return 1 if remaining else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

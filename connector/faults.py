@@ -1,0 +1,40 @@
+"""Fault injection for crash tests: SIGKILL the driver at a named protocol point.
+
+Set ``LASTAGENT_CRASH_AT=<point>`` (optionally ``<point>:<n>`` to crash at the n-th time the
+point is reached in this process tree, counted in ``LASTAGENT_CRASH_STATE``, a file path) in the
+environment of a driver; when the code reaches that point, the whole process group — the
+Python driver, its JVM and its Python workers — is killed with SIGKILL, as a machine loss would.
+Unset, :func:`point` costs one dict lookup.
+
+Points are named where they are called, e.g. ``after_prepare``, ``after_arbitration``,
+``between_branch_commits``, ``after_phase2``, ``in_recovery``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+ENV = "LASTAGENT_CRASH_AT"
+STATE_ENV = "LASTAGENT_CRASH_STATE"
+
+
+def point(name: str) -> None:
+    """Kills the process group here if ``LASTAGENT_CRASH_AT`` names this point."""
+    spec = os.environ.get(ENV)
+    if not spec:
+        return
+    target, _, nth = spec.partition(":")
+    if target != name:
+        return
+    if nth:
+        state = Path(os.environ.get(STATE_ENV, "/tmp/lastagent-crash-count"))
+        count = int(state.read_text() or "0") + 1 if state.exists() else 1
+        state.write_text(str(count))
+        if count != int(nth):
+            return
+    marker = os.environ.get(STATE_ENV)
+    if marker:
+        Path(marker + ".fired").write_text(name)
+    os.killpg(os.getpgid(0), signal.SIGKILL)

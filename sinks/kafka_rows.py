@@ -1,0 +1,109 @@
+"""The Kafka sink's input schema and the Arrow-batch-to-record conversion. Pure, no I/O.
+
+The input schema follows Spark's built-in ``kafka`` sink: ``value`` (string or binary,
+required), ``key`` (string or binary, optional), ``topic`` (string; required unless the
+``topic`` option is set, which then wins), ``partition`` (int, optional), ``headers``
+(array<struct<key: string, value: binary>>, optional). Other columns are refused, as Spark's
+sink refuses them, so a typo never silently drops data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, StructType
+
+from lastagent.errors import OptionError
+
+#: (key, value, topic, partition, headers) for one Kafka record.
+Record = tuple[bytes | None, bytes | None, str, int | None, list[tuple[str, bytes | None]] | None]
+
+_ALLOWED = {
+    "key": (StringType, BinaryType),
+    "value": (StringType, BinaryType),
+    "topic": (StringType,),
+    "partition": (IntegerType,),
+}
+
+
+class SchemaError(OptionError):
+    """The query's output columns do not fit the Kafka sink; names the column and the fix."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("schema", message)
+
+
+@dataclass(frozen=True)
+class SinkColumns:
+    """Which of the sink's columns the query supplies. Checked on the driver at query start."""
+
+    has_key: bool
+    has_topic: bool
+    has_partition: bool
+    has_headers: bool
+
+
+def check_schema(schema: StructType, topic_option: str | None) -> SinkColumns:
+    """Validates the input schema against Spark's kafka-sink contract.
+
+    Raises:
+        SchemaError: naming the column, its type, and the types that would be right.
+    """
+    names = {f.name.lower(): f for f in schema.fields}
+    unknown = sorted(set(names) - set(_ALLOWED) - {"headers"})
+    if unknown:
+        raise SchemaError(
+            f"column(s) {unknown} are not part of the Kafka sink's input; the sink takes key, value, "
+            "topic, partition and headers (select or rename your columns, e.g. "
+            "df.selectExpr('CAST(id AS STRING) AS key', 'to_json(struct(*)) AS value'))"
+        )
+    if "value" not in names:
+        raise SchemaError("required column 'value' (string or binary) is missing")
+    for name, types in _ALLOWED.items():
+        if name in names and not isinstance(names[name].dataType, types):
+            wanted = " or ".join(t.typeName() for t in types)
+            raise SchemaError(f"column '{name}' is {names[name].dataType.simpleString()}; it must be {wanted}")
+    if "headers" in names:
+        dt = names["headers"].dataType
+        ok = (isinstance(dt, ArrayType) and isinstance(dt.elementType, StructType)
+              and [f.name for f in dt.elementType.fields] == ["key", "value"]
+              and isinstance(dt.elementType.fields[0].dataType, StringType)
+              and isinstance(dt.elementType.fields[1].dataType, BinaryType))
+        if not ok:
+            raise SchemaError(
+                f"column 'headers' is {dt.simpleString()}; it must be array<struct<key:string,value:binary>>")
+    if "topic" not in names and not topic_option:
+        raise SchemaError("no topic: set option 'topic' or supply a string column 'topic'")
+    return SinkColumns("key" in names, "topic" in names, "partition" in names, "headers" in names)
+
+
+def _as_bytes(values: list[object]) -> list[bytes | None]:
+    return [v.encode("utf-8") if isinstance(v, str) else v for v in values]  # type: ignore[misc]
+
+
+def records(batch: "object", topic_option: str | None) -> Iterator[Record]:
+    """Yields the Kafka records of one Arrow RecordBatch. Executor side.
+
+    Raises:
+        SchemaError: a row has no topic (null ``topic`` column and no ``topic`` option).
+    """
+    import pyarrow as pa
+
+    assert isinstance(batch, pa.RecordBatch)
+    cols = {name.lower(): batch.column(i) for i, name in enumerate(batch.schema.names)}
+    n = batch.num_rows
+    values = _as_bytes(cols["value"].to_pylist())
+    keys = _as_bytes(cols["key"].to_pylist()) if "key" in cols else [None] * n
+    partitions = cols["partition"].to_pylist() if "partition" in cols else [None] * n
+    if topic_option:
+        topics: list[str | None] = [topic_option] * n
+    else:
+        topics = cols["topic"].to_pylist()
+    headers = cols["headers"].to_pylist() if "headers" in cols else [None] * n
+    for i in range(n):
+        topic = topics[i]
+        if topic is None:
+            raise SchemaError(f"row {i} of a batch has a null 'topic' and no option 'topic' is set")
+        hdrs = [(h["key"], h["value"]) for h in headers[i]] if headers[i] else None
+        yield keys[i], values[i], topic, partitions[i], hdrs

@@ -1,0 +1,113 @@
+"""The exactly-once ``lastagent-kafka`` streaming sink: Spark's writer, on both sides.
+
+* ``__init__`` runs on the driver when the query starts (and again, stateless, for each
+  commit / abort). At query start it finishes what a crash left: open branches of epochs the
+  arbitration already decided are committed before any task can reuse their transactional ids.
+* ``write`` runs on executors, one Spark task attempt = one branch: a Kafka transaction
+  with a bounded transactional.id, flushed and left open (prepared). Its handle is the
+  commit message.
+* ``commit`` / ``abort`` run on the driver and hand the epoch to :mod:`lastagent.committer`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
+
+from lastagent import faults
+from lastagent.kafka_xa import BranchHandle, BranchWriter
+from lastagent.sinks.kafka_rows import check_schema, records
+from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
+
+log = logging.getLogger("lastagent.sink")
+
+BATCH_ID_PROPERTY = "streaming.sql.batchId"  # set by Spark's MicroBatchExecution on every task
+
+
+@dataclass(frozen=True)
+class BranchMessage(WriterCommitMessage):
+    """A task's commit message: which epoch and attempt, and its branch handle (JSON).
+
+    ``handle`` is None when the task wrote nothing because its epoch was already decided.
+    """
+
+    epoch: int
+    partition: int
+    attempt: int
+    handle: str | None
+    records: int = 0
+
+
+class KafkaStreamWriter(DataSourceStreamArrowWriter):
+    """Spark's stream writer for ``lastagent-kafka``.
+
+    Args:
+        options: the writeStream options (case-insensitive map from Spark).
+        schema: the query's output schema.
+    """
+
+    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+        from lastagent.committer import Committer
+
+        self.options = KafkaSinkOptions.parse(options)
+        self.columns = check_schema(schema, self.options.topic)
+        with Committer(self.options) as committer:
+            # Driver, at query start: finish decided epochs; learn the newest decided epoch so
+            # re-run tasks of it write nothing.
+            self.decided_through = committer.start()
+
+    # -- executor ---------------------------------------------------------------------------
+
+    def write(self, iterator: Iterator[Any]) -> BranchMessage:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        epoch = int(ctx.getLocalProperty(BATCH_ID_PROPERTY) or -1)
+        partition, attempt = ctx.partitionId(), ctx.attemptNumber()
+        if 0 <= epoch <= self.decided_through:
+            # Spark re-runs an epoch whose decision stands (crash after the arbitration commit,
+            # before Spark's commit log): its branches exist already; write nothing.
+            for _ in iterator:
+                pass
+            return BranchMessage(epoch, partition, attempt, None)
+        tid = self.options.transactional_id(partition, attempt)
+        writer = BranchWriter(self.options.client_config, tid, self.options.transaction_timeout_ms)
+        try:
+            for batch in iterator:
+                for key, value, topic, part, headers in records(batch, self.options.topic):
+                    writer.send(topic, value, key, headers, part)
+            handle = writer.prepare()
+        except BaseException:
+            # Nothing was reported, so nobody else will end this transaction soon: end it here
+            # rather than let it hold the partitions' last stable offset until it times out.
+            try:
+                writer.abort_local()
+            except Exception as exc:  # noqa: BLE001 — the original failure is what matters
+                log.warning("branch %s: local abort after a failed write also failed: %s", tid, exc)
+            raise
+        faults.point("after_prepare")
+        return BranchMessage(epoch, partition, attempt, handle.to_json(), handle.records)
+
+    # -- driver -----------------------------------------------------------------------------
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        from lastagent.committer import Committer
+
+        with Committer(self.options) as committer:
+            committer.commit(batchId, _handles(messages))
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        from lastagent.committer import Committer
+
+        with Committer(self.options) as committer:
+            committer.abort(batchId, _handles(messages))
+
+
+def _handles(messages: list[WriterCommitMessage | None]) -> list[BranchHandle]:
+    return [BranchHandle.from_json(m.handle) for m in messages
+            if isinstance(m, BranchMessage) and m.handle is not None]

@@ -1,0 +1,79 @@
+"""Crash matrix for the lastagent-kafka sink: SIGKILL the driver at each protocol point.
+
+For each point: run the query until the fault kills its whole process group (driver, JVM,
+Python workers), restart it from the checkpoint without the fault, and check with an
+independent read_committed consumer that every source row arrived exactly once and that no
+transaction of the link is left open.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from support import read_committed
+
+from lastagent.kafka_xa import KafkaXAResource
+
+pytestmark = pytest.mark.chaos
+
+DRIVER = Path(__file__).with_name("sink_driver.py")
+FILES, ROWS_PER_FILE = 4, 50
+ROWS = FILES * ROWS_PER_FILE
+
+
+@pytest.fixture(scope="module")
+def source_table(spark, tmp_path_factory) -> str:
+    """A Delta table of FILES commits (one file each): a deterministic, replayable source."""
+    path = str(tmp_path_factory.mktemp("chaos") / "source")
+    for f in range(FILES):
+        (spark.range(f * ROWS_PER_FILE, (f + 1) * ROWS_PER_FILE, numPartitions=1)
+         .write.format("delta").mode("append").save(path))
+    return path
+
+
+def run_driver(args: list[str], crash_at: str | None, state: Path, timeout: float = 300) -> int:
+    env = dict(os.environ)
+    env.pop("LASTAGENT_CRASH_AT", None)
+    if crash_at:
+        env["LASTAGENT_CRASH_AT"] = crash_at
+        env["LASTAGENT_CRASH_STATE"] = str(state)
+    proc = subprocess.Popen([sys.executable, str(DRIVER), *args], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=open(state.with_suffix(".log"), "ab"))
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+
+
+@pytest.mark.parametrize("point", [
+    "after_prepare:2", "after_arbitration:2", "between_branch_commits:2", "after_phase2:2", "in_recovery:2",
+])
+def test_crash_and_restart_is_exactly_once(point, kafka_bootstrap, new_topic, source_table, tmp_path):
+    topic = new_topic(partitions=2)
+    link = f"chaos-{uuid.uuid4().hex[:8]}"
+    args = [kafka_bootstrap, source_table, str(tmp_path / "ckpt"), str(tmp_path / "arb"), link, topic]
+    state = tmp_path / "crash"
+    code = run_driver(args, point, state)
+    assert code == -signal.SIGKILL, f"the driver was not killed at {point} (exit {code}); see {state}.log"
+    assert Path(str(state) + ".fired").read_text() == point.split(":")[0]
+    if point.startswith("in_recovery"):
+        # Recovery itself is killed on the next start too (the count is reached again there).
+        state.write_text("0")
+        code = run_driver(args, point.replace(":2", ":1"), state)
+        assert code == -signal.SIGKILL
+    assert run_driver(args, None, state) == 0, f"restart failed; see {state}.log"
+    rows = read_committed(kafka_bootstrap, topic, ROWS)
+    counts = Counter(v for _, v in rows)
+    assert sorted(counts) == sorted(str(i).encode() for i in range(ROWS)), "lost rows"
+    assert max(counts.values()) == 1, f"duplicates: {[k for k, c in counts.items() if c > 1][:10]}"
+    with KafkaXAResource({"bootstrap.servers": kafka_bootstrap}) as xa:
+        assert xa.recover(f"lastagent-{link}") == [] or all(
+            not t.transactional_id.startswith(f"lastagent-{link}-") for t in xa.recover(f"lastagent-{link}"))
