@@ -2,8 +2,10 @@
 
 Set ``LASTAGENT_CRASH_AT=<point>`` (optionally ``<point>:<n>`` to crash at the n-th time the
 point is reached in this process tree, counted in ``LASTAGENT_CRASH_STATE``, a file path) in the
-environment of a driver; when the code reaches that point, the whole process group — the
-Python driver, its JVM and its Python workers — is killed with SIGKILL, as a machine loss would.
+environment of a driver started in a session of its own, with ``LASTAGENT_CRASH_PGID`` set to its
+process group; when the code reaches that point, the driver's process group (the Python driver
+and its JVM) and the worker's own group (pyspark's daemon and workers) are killed with SIGKILL,
+as a machine loss would.
 Unset, :func:`point` costs one dict lookup.
 
 Points are named where they are called, e.g. ``after_prepare``, ``after_arbitration``,
@@ -18,6 +20,9 @@ from pathlib import Path
 
 ENV = "LASTAGENT_CRASH_AT"
 STATE_ENV = "LASTAGENT_CRASH_STATE"
+#: The driver's process group. pyspark's worker daemon runs in a group of its own, so a
+#: fault reached in a Python worker kills the driver's group first, then its own.
+PGID_ENV = "LASTAGENT_CRASH_PGID"
 
 
 def point(name: str) -> None:
@@ -37,4 +42,7 @@ def point(name: str) -> None:
     marker = os.environ.get(STATE_ENV)
     if marker:
         Path(marker + ".fired").write_text(name)
+    driver_group = os.environ.get(PGID_ENV)
+    if driver_group and int(driver_group) != os.getpgid(0):
+        os.killpg(int(driver_group), signal.SIGKILL)
     os.killpg(os.getpgid(0), signal.SIGKILL)

@@ -26,6 +26,8 @@ def local_session(app_name: str = "lastagent", master: str = "local[2]", jars_di
     """
     # Python workers must run the interpreter that has lastagent and its dependencies.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # Bind Spark to loopback: servers here listen on 127.0.0.1 only.
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     jars_path = Path(jars_dir or os.environ.get("LASTAGENT_SPARK_JARS", "") or _default_jars_dir())
     jars = sorted(str(p) for p in jars_path.glob("*.jar"))
     if not jars:

@@ -44,7 +44,10 @@ def run_driver(args: list[str], crash_at: str | None, state: Path, timeout: floa
     if crash_at:
         env["LASTAGENT_CRASH_AT"] = crash_at
         env["LASTAGENT_CRASH_STATE"] = str(state)
-    proc = subprocess.Popen([sys.executable, str(DRIVER), *args], env=env, start_new_session=True,
+    # The driver leads a new session, so its pid is its process group: the fault kills it all.
+    proc = subprocess.Popen([sys.executable, "-c", "import os, runpy, sys; os.environ['LASTAGENT_CRASH_PGID'] = "
+                             "str(os.getpgid(0)); sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')",
+                             str(DRIVER), *args], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=open(state.with_suffix(".log"), "ab"))
     try:
         return proc.wait(timeout=timeout)
