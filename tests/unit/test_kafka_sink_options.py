@@ -1,0 +1,87 @@
+"""Sink options and input schema: parsed once, errors name the option or column."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, LongType, StringType, StructField,
+                               StructType)
+
+from lastagent.errors import OptionError
+from lastagent.sinks.kafka_rows import SchemaError, check_schema, records
+from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
+
+pytestmark = pytest.mark.unit
+
+BASE = {"kafka.bootstrap.servers": "h:9092", "link": "orders", "arbitrationTable": "/arb",
+        "checkpointLocation": "/ckpt"}
+
+
+def test_parse_defaults_and_passthrough():
+    o = KafkaSinkOptions.parse({**BASE, "kafka.linger.ms": "20", "topic": "out"})
+    assert o.client_config == {"bootstrap.servers": "h:9092", "linger.ms": "20"}
+    assert o.topic == "out" and o.transaction_timeout_ms == 900_000
+    assert o.transactional_id(3, 1).startswith(o.id_prefix)
+    assert o.transactional_id(3, 1) != o.transactional_id(3, 0) != o.transactional_id(2, 0)
+
+
+def test_option_names_are_case_insensitive_like_spark():
+    lowered = {k.lower(): v for k, v in BASE.items()}
+    assert KafkaSinkOptions.parse(lowered).arbitration_table == "/arb"
+
+
+@pytest.mark.parametrize("missing", ["kafka.bootstrap.servers", "link", "arbitrationTable", "checkpointLocation"])
+def test_required_options_are_named(missing):
+    opts = {k: v for k, v in BASE.items() if k != missing}
+    with pytest.raises(OptionError, match=f"option '{missing}': is required"):
+        KafkaSinkOptions.parse(opts)
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"subscribe": "x"}, "option 'subscribe': unknown option.*valid options: arbitrationCleanupEvery"),
+    ({"kafka.transactional.id": "x"}, "option 'kafka.transactional.id': is set by the sink"),
+    ({"kafka.value.serializer": "x"}, "cast the 'value' column"),
+    ({"link": "has space"}, "option 'link': 'has space' is not a valid link name"),
+    ({"kafka.transaction.timeout.ms": "soon"}, "option 'kafka.transaction.timeout.ms': 'soon' is not an integer"),
+    ({"phase2Parallelism": "0"}, "option 'phase2Parallelism': 0 is too small"),
+])
+def test_bad_options_say_what_would_be_right(bad, match):
+    with pytest.raises(OptionError, match=match):
+        KafkaSinkOptions.parse({**BASE, **bad})
+
+
+HEADERS = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
+
+
+def test_schema_like_spark_kafka_sink():
+    schema = StructType([StructField("key", StringType()), StructField("value", BinaryType()),
+                         StructField("topic", StringType()), StructField("partition", IntegerType()),
+                         StructField("headers", HEADERS)])
+    cols = check_schema(schema, None)
+    assert cols.has_key and cols.has_topic and cols.has_partition and cols.has_headers
+
+
+@pytest.mark.parametrize("fields, topic, match", [
+    ([StructField("key", StringType())], "t", "required column 'value'"),
+    ([StructField("value", LongType())], "t", "column 'value' is bigint; it must be string or binary"),
+    ([StructField("value", StringType()), StructField("extra", StringType())], "t", r"column\(s\) \['extra'\]"),
+    ([StructField("value", StringType())], None, "set option 'topic' or supply a string column 'topic'"),
+    ([StructField("value", StringType()), StructField("headers", StringType())], "t",
+     "array<struct<key:string,value:binary>>"),
+])
+def test_schema_errors_name_the_column(fields, topic, match):
+    with pytest.raises(SchemaError, match=match):
+        check_schema(StructType(fields), topic)
+
+
+def test_records_from_arrow_option_topic_wins():
+    batch = pa.record_batch({"key": ["k1", None], "value": [b"v1", b"v2"], "topic": ["a", "b"],
+                             "headers": [[{"key": "h", "value": b"x"}], None]})
+    out = list(records(batch, "forced"))
+    assert out == [(b"k1", b"v1", "forced", None, [("h", b"x")]), (None, b"v2", "forced", None, None)]
+
+
+def test_null_topic_row_is_refused_by_row_number():
+    batch = pa.record_batch({"value": ["v"], "topic": pa.array([None], pa.string())})
+    with pytest.raises(SchemaError, match="row 0 .* null 'topic'"):
+        list(records(batch, None))
