@@ -89,6 +89,14 @@ class ArbitrationStore(Protocol):
         """Deletes confirmed decisions older than the retention; returns rows deleted."""
         ...
 
+    def check_link(self, link: str) -> None:
+        """Fails when the store holds decisions of another link (a renamed link)."""
+        ...
+
+    def size(self) -> tuple[int, int]:
+        """(rows, files) kept, for ``lastagent status``."""
+        ...
+
 
 class InMemoryArbitrationStore:
     """The same interface, in memory; for unit tests and the model check."""
@@ -118,6 +126,14 @@ class InMemoryArbitrationStore:
 
     def latest_epoch(self, link: str) -> int | None:
         return self._latest.get(link)
+
+    def check_link(self, link: str) -> None:
+        links = {lk for lk, _ in self._rows}
+        if links and link not in links:
+            raise LinkMismatchError(f"option 'link': this arbitration store belongs to {sorted(links)}, not {link!r}")
+
+    def size(self) -> tuple[int, int]:
+        return len(self._rows), 0
 
     def cleanup(self, link: str, retain_epochs: int) -> int:
         rows = self.records(link)

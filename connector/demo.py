@@ -1,8 +1,10 @@
 """The `make run` demo, on embedded defaults: a local Kafka broker and local Delta paths.
 
-Kafka → `lastagent-kafka` source → a Delta table, stopped midway and restarted from its
-checkpoint, ending with a printed proof read back by Spark's own Delta reader:
-rows in (committed to Kafka), rows out, duplicates 0, aborted rows 0.
+1. Kafka (committed and aborted transactions) → `lastagent-kafka` source → a Delta table,
+   stopped midway and restarted from its checkpoint; proof read back by Spark's Delta reader.
+2. That Delta table → `lastagent-kafka` exactly-once sink → a topic, the driver SIGKILLed
+   after its second decision and restarted; proof read by an independent read_committed
+   consumer: rows in, rows out, duplicates 0, in doubt 0.
 
 Run: ``python -m lastagent.demo`` (driver). Needs a broker: ``make kafka-up`` starts one.
 """
@@ -12,8 +14,11 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
+import time
 import uuid
 
 from confluent_kafka import Producer
@@ -40,7 +45,8 @@ def produce(bootstrap: str, topic: str, txns: int, aborted: frozenset[int]) -> i
     return rows
 
 
-def run(bootstrap: str, workdir: str) -> int:
+def source_act(bootstrap: str, workdir: str) -> tuple[bool, str]:
+    """Act 1: Kafka (with aborted transactions) → lastagent-kafka source → Delta, stopped midway."""
     from kafka.admin import KafkaAdminClient, NewTopic
 
     from lastagent.spark_session import local_session
@@ -50,11 +56,11 @@ def run(bootstrap: str, workdir: str) -> int:
     admin.create_topics([NewTopic(topic, 3, 1)])
     admin.close()
     rows_in = produce(bootstrap, topic, txns=23, aborted=frozenset({3, 9, 15}))
-    print(f"demo: wrote {rows_in} committed rows (+ 3 aborted transactions) to topic {topic}")
+    print(f"demo 1/2: wrote {rows_in} committed rows (+ 3 aborted transactions) to topic {topic}")
 
     spark = local_session("lastagent-demo")
     spark.sparkContext.setLogLevel("ERROR")
-    table, ckpt = os.path.join(workdir, "orders"), os.path.join(workdir, "checkpoint")
+    table, ckpt = os.path.join(workdir, "orders"), os.path.join(workdir, "checkpoint-source")
 
     def start(trigger: dict[str, bool | str]):  # noqa: ANN202
         df = (spark.readStream.format("lastagent-kafka")
@@ -68,14 +74,13 @@ def run(bootstrap: str, workdir: str) -> int:
         return (df.writeStream.format("delta").option("checkpointLocation", ckpt)
                 .trigger(**trigger).start(table))
 
-    # First run: process two micro-batches, then stop as a user would (or a crash would).
+    # First run: process two micro-batches, then stop as a user would.
     query = start({"processingTime": "1 second"})
     while len([p for p in query.recentProgress if p["numInputRows"] > 0]) < 2:
         query.awaitTermination(0.5)
     query.stop()
     first = spark.read.format("delta").load(table).count()
-    print(f"demo: stopped after {first} rows; restarting from the checkpoint")
-    # Second run: restart from the checkpoint and drain what is there.
+    print(f"demo 1/2: stopped after {first} rows; restarting from the checkpoint")
     query = start({"availableNow": True})
     query.awaitTermination()
 
@@ -83,16 +88,114 @@ def run(bootstrap: str, workdir: str) -> int:
     rows_out = out.count()
     distinct = out.select("topic", "partition", "offset").distinct().count()
     aborted = out.filter("value LIKE 'aborted-%'").count()
-    duplicates = rows_out - distinct
-    missing = rows_in - distinct
-    print("demo: proof (read back with Spark's Delta reader)")
-    print(f"  rows in (committed to Kafka): {rows_in}")
-    print(f"  rows out (Delta table):       {rows_out}")
-    print(f"  duplicates:                   {duplicates}")
-    print(f"  missing:                      {missing}")
-    print(f"  aborted rows visible:         {aborted}")
     spark.stop()
-    ok = duplicates == 0 and missing == 0 and aborted == 0 and rows_out == rows_in
+    ok = _proof("1/2 Kafka -> lastagent-kafka source -> Delta (read back with Spark's Delta reader)", {
+        "rows in (committed to Kafka)": rows_in, "rows out (Delta table)": rows_out,
+        "duplicates": rows_out - distinct, "missing": rows_in - distinct, "aborted rows visible": aborted,
+    }, rows_out == rows_in)
+    return ok, table
+
+
+def sink_act(bootstrap: str, workdir: str, table: str) -> bool:
+    """Act 2: that Delta table → lastagent-kafka sink, the driver SIGKILLed midway and restarted."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    from lastagent.committer import Committer
+    from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
+
+    topic = f"demo-shipments-{uuid.uuid4().hex[:6]}"
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="lastagent-demo")
+    admin.create_topics([NewTopic(topic, 3, 1)])
+    admin.close()
+    args = [bootstrap, table, os.path.join(workdir, "checkpoint-sink"), os.path.join(workdir, "arbitration"),
+            "demo-shipments", topic]
+    env = dict(os.environ, LASTAGENT_CRASH_AT="after_arbitration:2",
+               LASTAGENT_CRASH_STATE=os.path.join(workdir, "crash-count"))
+    print(f"demo 2/2: Delta -> lastagent-kafka -> topic {topic}; the driver is SIGKILLed after its 2nd decision")
+    code = subprocess.run([sys.executable, "-m", "lastagent.demo", "sink-driver", *args], env=env,
+                          start_new_session=True, stderr=subprocess.DEVNULL).returncode
+    print(f"demo 2/2: driver exited with {code} ({'SIGKILL' if code == -signal.SIGKILL else 'no crash'}); restarting")
+    env.pop("LASTAGENT_CRASH_AT")
+    code = subprocess.run([sys.executable, "-m", "lastagent.demo", "sink-driver", *args], env=env,
+                          start_new_session=True, stderr=subprocess.DEVNULL).returncode
+    if code != 0:
+        print(f"demo 2/2: the restarted query failed with exit {code}")
+        return False
+    from deltalake import DeltaTable
+
+    rows_in = DeltaTable(table).to_pyarrow_table(columns=["value"]).num_rows
+    values = _read_committed(bootstrap, topic, rows_in)
+    distinct = len(set(values))
+    options = KafkaSinkOptions.parse({"kafka.bootstrap.servers": bootstrap, "link": "demo-shipments",
+                                      "arbitrationTable": args[3], "checkpointLocation": args[2]})
+    with Committer(options) as committer:
+        in_doubt = len(committer.in_doubt())
+        epochs = len(committer.store.records("demo-shipments"))
+    return _proof("2/2 Delta -> lastagent-kafka sink, killed once and restarted (independent read_committed consumer)", {
+        "rows in (Delta table)": rows_in, "rows out (Kafka, read_committed)": len(values),
+        "duplicates": len(values) - distinct, "missing": rows_in - distinct, "in doubt": in_doubt,
+        "epochs decided": epochs,
+    }, len(values) == rows_in)
+
+
+def _read_committed(bootstrap: str, topic: str, expect: int, timeout_s: float = 60.0) -> list[bytes]:
+    from confluent_kafka import Consumer
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"demo-verify-{uuid.uuid4().hex[:6]}",
+                         "isolation.level": "read_committed", "auto.offset.reset": "earliest",
+                         "enable.auto.commit": False})
+    consumer.subscribe([topic])
+    values: list[bytes] = []
+    deadline = time.monotonic() + timeout_s
+    idle_since = time.monotonic()
+    while time.monotonic() < deadline:
+        batch = consumer.consume(1000, 0.5)
+        values += [m.value() for m in batch if m.error() is None]
+        idle_since = time.monotonic() if batch else idle_since
+        if len(values) >= expect and time.monotonic() - idle_since > 2:
+            break
+    consumer.close()
+    return values
+
+
+def _proof(title: str, figures: dict[str, int], ok: bool) -> bool:
+    ok = ok and all(v == 0 for k, v in figures.items() if k in ("duplicates", "missing", "aborted rows visible", "in doubt"))
+    print(f"demo {title}")
+    for name, value in figures.items():
+        print(f"  {name + ':':<36}{value}")
+    print(f"  {'result:':<36}{'OK' if ok else 'FAILED'}")
+    return ok
+
+
+def sink_driver(bootstrap: str, source: str, checkpoint: str, arbitration: str, link: str, topic: str) -> int:
+    """A driver process for act 2 (and the crash tests): Delta table → lastagent-kafka."""
+    # Lead a process group so a fault point can kill this driver, its JVM and its workers.
+    os.environ["LASTAGENT_CRASH_PGID"] = str(os.getpgid(0))
+    from lastagent.spark_session import local_session
+
+    # LASTAGENT_SPARK_MASTER lets crash tests allow task retries, e.g. local[2,4].
+    spark = local_session("lastagent-sink-driver", master=os.environ.get("LASTAGENT_SPARK_MASTER", "local[2]"))
+    spark.sparkContext.setLogLevel("ERROR")
+    query = (
+        spark.readStream.format("delta").option("maxFilesPerTrigger", "1").load(source)
+        .selectExpr("key", "value")
+        .writeStream.format("lastagent-kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("topic", topic)
+        .option("link", link)
+        .option("arbitrationTable", arbitration)
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    spark.stop()
+    return 0
+
+
+def run(bootstrap: str, workdir: str) -> int:
+    ok, table = source_act(bootstrap, workdir)
+    ok = sink_act(bootstrap, workdir, table) and ok
     print("demo: OK" if ok else "demo: FAILED")
     return 0 if ok else 1
 
@@ -102,7 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", default=os.environ.get(
         "LASTAGENT_KAFKA_BOOTSTRAP", f"127.0.0.1:{os.environ.get('LASTAGENT_KAFKA_PORT', '39092')}"))
     parser.add_argument("--workdir", default=None, help="where the Delta table and checkpoint go (default: a temp dir)")
+    parser.add_argument("mode", nargs="?", default="demo", choices=["demo", "sink-driver"])
+    parser.add_argument("driver_args", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.mode == "sink-driver":
+        return sink_driver(*args.driver_args)
     workdir = args.workdir or tempfile.mkdtemp(prefix="lastagent-demo-")
     try:
         return run(args.bootstrap, workdir)

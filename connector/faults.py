@@ -9,7 +9,8 @@ as a machine loss would.
 Unset, :func:`point` costs one dict lookup.
 
 Points are named where they are called, e.g. ``after_prepare``, ``after_arbitration``,
-``between_branch_commits``, ``after_phase2``, ``in_recovery``.
+``between_branch_commits``, ``after_phase2``, ``in_recovery``. Points named ``task_*`` kill only
+the Python worker that reaches them (a task attempt dies mid-write; Spark retries it).
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ def point(name: str) -> None:
     marker = os.environ.get(STATE_ENV)
     if marker:
         Path(marker + ".fired").write_text(name)
+    if name.startswith("task_"):
+        # A task-level fault: only this Python worker dies, as an executor process would;
+        # Spark sees the task fail and retries it.
+        os.kill(os.getpid(), signal.SIGKILL)
     driver_group = os.environ.get(PGID_ENV)
     if driver_group and int(driver_group) != os.getpgid(0):
         os.killpg(int(driver_group), signal.SIGKILL)

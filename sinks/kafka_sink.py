@@ -81,6 +81,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
             for batch in iterator:
                 for key, value, topic, part, headers in records(batch, self.options.topic):
                     writer.send(topic, value, key, headers, part)
+                faults.point("task_mid_write")
             handle = writer.prepare()
         except BaseException:
             # Nothing was reported, so nobody else will end this transaction soon: end it here

@@ -23,7 +23,6 @@ from lastagent.kafka_xa import KafkaXAResource
 
 pytestmark = pytest.mark.chaos
 
-DRIVER = Path(__file__).with_name("sink_driver.py")
 FILES, ROWS_PER_FILE = 4, 50
 ROWS = FILES * ROWS_PER_FILE
 
@@ -34,21 +33,22 @@ def source_table(spark, tmp_path_factory) -> str:
     path = str(tmp_path_factory.mktemp("chaos") / "source")
     for f in range(FILES):
         (spark.range(f * ROWS_PER_FILE, (f + 1) * ROWS_PER_FILE, numPartitions=1)
+         .selectExpr("CAST(id AS STRING) AS key", "CAST(id AS STRING) AS value")
          .write.format("delta").mode("append").save(path))
     return path
 
 
-def run_driver(args: list[str], crash_at: str | None, state: Path, timeout: float = 300) -> int:
-    env = dict(os.environ)
+def run_driver(args: list[str], crash_at: str | None, state: Path, timeout: float = 300,
+               master: str = "local[2]") -> int:
+    env = dict(os.environ, LASTAGENT_SPARK_MASTER=master)
     env.pop("LASTAGENT_CRASH_AT", None)
     if crash_at:
         env["LASTAGENT_CRASH_AT"] = crash_at
         env["LASTAGENT_CRASH_STATE"] = str(state)
-    # The driver leads a new session, so its pid is its process group: the fault kills it all.
-    proc = subprocess.Popen([sys.executable, "-c", "import os, runpy, sys; os.environ['LASTAGENT_CRASH_PGID'] = "
-                             "str(os.getpgid(0)); sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')",
-                             str(DRIVER), *args], env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=open(state.with_suffix(".log"), "ab"))
+    # The driver leads a new session and exports its process group: the fault kills it all.
+    proc = subprocess.Popen([sys.executable, "-m", "lastagent.demo", "sink-driver", *args], env=env,
+                            start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=open(state.with_suffix(".log"), "ab"))
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -73,10 +73,26 @@ def test_crash_and_restart_is_exactly_once(point, kafka_bootstrap, new_topic, so
         code = run_driver(args, point.replace(":2", ":1"), state)
         assert code == -signal.SIGKILL
     assert run_driver(args, None, state) == 0, f"restart failed; see {state}.log"
-    rows = read_committed(kafka_bootstrap, topic, ROWS)
+    assert_exactly_once(kafka_bootstrap, topic, link)
+
+
+def assert_exactly_once(bootstrap: str, topic: str, link: str) -> None:
+    """Every source row once in the topic (read_committed), and no branch of the link open."""
+    rows = read_committed(bootstrap, topic, ROWS)
     counts = Counter(v for _, v in rows)
     assert sorted(counts) == sorted(str(i).encode() for i in range(ROWS)), "lost rows"
     assert max(counts.values()) == 1, f"duplicates: {[k for k, c in counts.items() if c > 1][:10]}"
-    with KafkaXAResource({"bootstrap.servers": kafka_bootstrap}) as xa:
-        assert xa.recover(f"lastagent-{link}") == [] or all(
-            not t.transactional_id.startswith(f"lastagent-{link}-") for t in xa.recover(f"lastagent-{link}"))
+    with KafkaXAResource({"bootstrap.servers": bootstrap}) as xa:
+        assert xa.recover(f"lastagent-{link}-") == []
+
+
+def test_task_killed_mid_write_is_retried_exactly_once(kafka_bootstrap, new_topic, source_table, tmp_path):
+    """A task attempt's Python worker is SIGKILLed after writing part of its branch; Spark
+    retries the task (new attempt, new branch id); the dead attempt's open branch is rolled back."""
+    topic = new_topic(partitions=2)
+    link = f"chaos-{uuid.uuid4().hex[:8]}"
+    args = [kafka_bootstrap, source_table, str(tmp_path / "ckpt"), str(tmp_path / "arb"), link, topic]
+    state = tmp_path / "crash"
+    assert run_driver(args, "task_mid_write:2", state, master="local[2,4]") == 0, f"see {state}.log"
+    assert Path(str(state) + ".fired").read_text() == "task_mid_write"
+    assert_exactly_once(kafka_bootstrap, topic, link)

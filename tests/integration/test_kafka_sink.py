@@ -1,0 +1,99 @@
+"""The exactly-once lastagent-kafka sink on a real broker and real Spark."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+
+import pytest
+from support import read_committed
+
+from lastagent.kafka_xa import KafkaXAResource
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def source(spark, tmp_path):
+    """A Delta table of 3 commits x 40 rows: each becomes one micro-batch."""
+    path = str(tmp_path / "source")
+    for f in range(3):
+        spark.range(f * 40, (f + 1) * 40, numPartitions=2).write.format("delta").mode("append").save(path)
+    return path
+
+
+def _query(spark, source, tmp_path, bootstrap, topic, link=None, select=None, **options):
+    df = spark.readStream.format("delta").option("maxFilesPerTrigger", "2").load(source)
+    df = df.selectExpr(*(select or ["CAST(id AS STRING) AS key", "CAST(id AS STRING) AS value"]))
+    writer = (df.writeStream.format("lastagent-kafka").option("kafka.bootstrap.servers", bootstrap)
+              .option("link", link or f"it-{uuid.uuid4().hex[:8]}")
+              .option("arbitrationTable", str(tmp_path / "arb"))
+              .option("checkpointLocation", str(tmp_path / "ckpt"))
+              .trigger(availableNow=True))
+    if topic:
+        writer = writer.option("topic", topic)
+    for k, v in options.items():
+        writer = writer.option(k, v)
+    return writer.start()
+
+
+def test_every_row_once_and_one_decision_per_epoch(spark, source, tmp_path, kafka_bootstrap, new_topic):
+    topic = new_topic(partitions=2)
+    link = f"it-{uuid.uuid4().hex[:8]}"
+    q = _query(spark, source, tmp_path, kafka_bootstrap, topic, link=link)
+    q.awaitTermination()
+    epochs = [p["batchId"] for p in q.recentProgress if p["numInputRows"] > 0]
+    rows = read_committed(kafka_bootstrap, topic, 120)
+    assert Counter(v for _, v in rows) == Counter(str(i).encode() for i in range(120))
+    assert all(k == v for k, v in rows)
+    arb = spark.read.format("delta").load(str(tmp_path / "arb"))
+    assert sorted(r.epoch for r in arb.select("epoch").collect()) == sorted(epochs)
+    assert {r.link for r in arb.select("link").collect()} == {link}
+    # Nothing of the link stays open, and the arbitration carries no payload.
+    with KafkaXAResource({"bootstrap.servers": kafka_bootstrap}) as xa:
+        assert xa.recover(f"lastagent-{link}-") == []
+    import json
+
+    for r in arb.collect():
+        for branch in json.loads(r.branches):
+            assert set(json.loads(branch)) == {"tid", "pid", "epoch", "records", "partitions"}
+
+
+def test_topic_column_partition_and_headers(spark, source, tmp_path, kafka_bootstrap, new_topic):
+    topic = new_topic(partitions=3)
+    q = _query(spark, source, tmp_path, kafka_bootstrap, None, select=[
+        "CAST(id AS STRING) AS value", f"'{topic}' AS topic", "CAST(id % 3 AS INT) AS partition",
+        "array(named_struct('key', 'src', 'value', CAST('delta' AS BINARY))) AS headers"])
+    q.awaitTermination()
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": uuid.uuid4().hex,
+                  "isolation.level": "read_committed", "enable.auto.commit": False})
+    c.assign([TopicPartition(topic, p, 0) for p in range(3)])
+    seen = []
+    while len(seen) < 120:
+        for m in c.consume(500, 5):
+            assert m.error() is None
+            seen.append((int(m.value()), m.partition(), m.headers()))
+    c.close()
+    assert all(v % 3 == p and h == [("src", b"delta")] for v, p, h in seen)
+
+
+def test_timeout_above_broker_max_is_refused_at_start(spark, source, tmp_path, kafka_bootstrap, new_topic):
+    with pytest.raises(Exception, match="kafka.transaction.timeout.ms.*transaction.max.timeout.ms"):
+        q = _query(spark, source, tmp_path, kafka_bootstrap, new_topic(),
+                   **{"kafka.transaction.timeout.ms": str(7_200_000)})
+        q.awaitTermination()
+
+
+def test_renamed_link_is_refused(spark, source, tmp_path, kafka_bootstrap, new_topic):
+    topic = new_topic()
+    _query(spark, source, tmp_path, kafka_bootstrap, topic, link="first-name").awaitTermination()
+    with pytest.raises(Exception, match="option 'link'.*first-name"):
+        _query(spark, source, tmp_path / "other", kafka_bootstrap, topic, link="second-name",
+               arbitrationTable=str(tmp_path / "arb")).awaitTermination()
+
+
+def test_bad_input_column_is_refused_before_writing(spark, source, tmp_path, kafka_bootstrap, new_topic):
+    with pytest.raises(Exception, match="column 'value' is bigint; it must be string or binary"):
+        _query(spark, source, tmp_path, kafka_bootstrap, new_topic(), select=["id AS value"]).awaitTermination()
