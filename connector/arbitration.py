@@ -301,4 +301,4 @@ class DeltaArbitrationStore:
         table = self._table()
         if table is None:
             return 0, 0
-        return table.to_pyarrow_table(columns=["epoch"]).num_rows, len(table.files())
+        return table.to_pyarrow_table(columns=["epoch"]).num_rows, len(table.file_uris())

@@ -95,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
                            help="forget (log and stop reporting) heuristically ended branches")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from kafka.errors import KafkaError
+
     from lastagent.committer import Committer
 
     try:
@@ -104,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(status, indent=2)) if args.json else _print_status(status)
                 return 1 if status["in_doubt"] else 0
             return _recover(committer, args)
-    except LastAgentError as exc:
-        print(f"lastagent: {exc}", file=sys.stderr)
+    except (LastAgentError, KafkaError, OSError) as exc:
+        print(f"lastagent: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
 
 

@@ -1,0 +1,57 @@
+"""The `lastagent` command on a real broker and a real arbitration table."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+
+import pytest
+from support import read_committed
+
+from lastagent.arbitration import ArbitrationRecord, DeltaArbitrationStore
+from lastagent.kafka_xa import BranchWriter
+
+pytestmark = pytest.mark.integration
+
+
+def lastagent(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "lastagent.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_status_and_recover(kafka_bootstrap, new_topic, tmp_path):
+    topic = new_topic()
+    link = f"cli-{uuid.uuid4().hex[:8]}"
+    arb = str(tmp_path / "arb")
+    common = ["--link", link, "--arbitration-table", arb, "--bootstrap-servers", kafka_bootstrap]
+    handles = []
+    for branch in range(3):
+        w = BranchWriter({"bootstrap.servers": kafka_bootstrap}, f"lastagent-{link}-{branch}-0", 600_000)
+        w.send(topic, f"b{branch}".encode())
+        handles.append(w.prepare())
+    # Epoch 0 decided with branches 0 and 1; branch 2 belongs to no decision.
+    DeltaArbitrationStore(arb).decide(ArbitrationRecord(link, 0, f"{link}:0", tuple(h.to_json() for h in handles[:2])))
+
+    status = lastagent("status", *common, "--json")
+    assert status.returncode == 1, status.stderr
+    doc = json.loads(status.stdout)
+    assert doc["latest_decided_epoch"] == 0 and doc["arbitration_rows"] == 1
+    assert {b["transactional_id"]: b["decision"] for b in doc["in_doubt"]} == {
+        f"lastagent-{link}-0-0": "commit", f"lastagent-{link}-1-0": "commit", f"lastagent-{link}-2-0": "rollback"}
+
+    text = lastagent("recover", *common)
+    assert text.returncode == 1 and "-> commit (epoch 0 is decided)" in text.stdout
+    assert "-> rollback (no decision covers it (presumed abort))" in text.stdout
+
+    applied = lastagent("recover", *common, "--apply", "--json")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert json.loads(applied.stdout)["in_doubt"] == []
+    assert sorted(v for _, v in read_committed(kafka_bootstrap, topic, 2)) == [b"b0", b"b1"]
+    assert lastagent("status", *common).returncode == 0
+
+
+def test_bad_link_name_is_a_usage_error(kafka_bootstrap, tmp_path):
+    result = lastagent("status", "--link", "no spaces", "--arbitration-table", str(tmp_path),
+                       "--bootstrap-servers", kafka_bootstrap)
+    assert result.returncode == 2 and "option 'link'" in result.stderr
