@@ -155,7 +155,6 @@ class BranchWriter:
         self.transactional_id = transactional_id
         self._client_config = dict(client_config)
         self._records = 0
-        self._partitions: set[tuple[str, int]] = set()
         self._errors: list[str] = []
         self._producer = Producer(producer_config(client_config, transactional_id, timeout_ms))
         # init_transactions fences any older producer of this id and aborts its open
@@ -164,28 +163,42 @@ class BranchWriter:
         self._producer.begin_transaction()
 
     def _on_delivery(self, err: Any, msg: Any) -> None:
+        # Called per record from poll/flush: keep it to the failure case.
         if err is not None:
             self._errors.append(f"{msg.topic()}[{msg.partition()}]: {err}")
-        else:
-            self._partitions.add((msg.topic(), msg.partition()))
 
     def send(self, topic: str, value: bytes | None, key: bytes | None = None,
              headers: list[tuple[str, bytes | None]] | None = None, partition: int | None = None) -> None:
-        """Adds one record to the branch; blocks briefly when the local queue is full."""
-        kwargs: dict[str, Any] = {"value": value, "key": key, "on_delivery": self._on_delivery}
-        if headers:
-            kwargs["headers"] = headers
-        if partition is not None:
-            kwargs["partition"] = partition
+        """Adds one record to the branch; blocks briefly when the local queue is full. Hot path."""
+        produce = self._producer.produce
+        part = -1 if partition is None else partition  # -1: the configured partitioner decides
         while True:
             try:
-                self._producer.produce(topic, **kwargs)
+                if headers:
+                    produce(topic, value, key, part, self._on_delivery, headers=headers)
+                else:
+                    produce(topic, value, key, part, self._on_delivery)
                 break
             except BufferError:
                 # Local queue full: serve delivery reports until there is room. Bounded memory.
                 self._producer.poll(0.1)
         self._records += 1
-        self._producer.poll(0)
+        if self._records % 1000 == 0:
+            self._producer.poll(0)
+
+    def send_many(self, topic: str, keys: list[bytes | None], values: list[bytes | None]) -> None:
+        """Adds many records to one topic, partitioned by the configured partitioner. Hot path:
+        one tight loop per Arrow batch instead of one call per record."""
+        produce, poll, on_delivery = self._producer.produce, self._producer.poll, self._on_delivery
+        for key, value in zip(keys, values):
+            while True:
+                try:
+                    produce(topic, value, key, -1, on_delivery)
+                    break
+                except BufferError:
+                    poll(0.1)  # local queue full: bounded memory
+        self._records += len(values)
+        poll(0)
 
     def prepare(self, flush_timeout_s: float = 300.0, admin: Any = None) -> BranchHandle:
         """Flushes every record into the still-open transaction and returns the branch handle.
@@ -200,8 +213,8 @@ class BranchWriter:
             raise BranchError(f"branch {self.transactional_id}: delivery failed: {'; '.join(self._errors[:5])}")
         if self._records == 0:
             return BranchHandle(self.transactional_id, -1, -1, 0, ())
-        pid, epoch = describe_open(self._client_config, self.transactional_id, admin)
-        return BranchHandle(self.transactional_id, pid, epoch, self._records, tuple(sorted(self._partitions)))
+        pid, epoch, partitions = describe_open(self._client_config, self.transactional_id, admin)
+        return BranchHandle(self.transactional_id, pid, epoch, self._records, partitions)
 
     def abort_local(self, timeout_s: float = 30.0) -> None:
         """Rolls back from the owning producer, before prepare (the task failed mid-write)."""
@@ -223,8 +236,9 @@ def _kafka_python_security(client_config: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
-def describe_open(client_config: Mapping[str, str], transactional_id: str, admin: Any = None) -> tuple[int, int]:
-    """(producer id, producer epoch) of the open transaction of transactional_id, from the broker."""
+def describe_open(client_config: Mapping[str, str], transactional_id: str,
+                  admin: Any = None) -> tuple[int, int, tuple[tuple[str, int], ...]]:
+    """(producer id, producer epoch, partitions) of transactional_id's open transaction, from the broker."""
     own = admin is None
     admin = admin or _admin(client_config)
     try:
@@ -234,7 +248,8 @@ def describe_open(client_config: Mapping[str, str], transactional_id: str, admin
             admin.close()
     if desc.state.value != "Ongoing":
         raise BranchError(f"branch {transactional_id}: expected an open transaction after flush, broker says {desc.state.value}")
-    return desc.producer_id, desc.producer_epoch
+    partitions = tuple(sorted((tp.topic, tp.partition) for tp in desc.topic_partitions))
+    return desc.producer_id, desc.producer_epoch, partitions
 
 
 class KafkaXAResource:

@@ -82,6 +82,17 @@ def _as_bytes(values: list[object]) -> list[bytes | None]:
     return [v.encode("utf-8") if isinstance(v, str) else v for v in values]  # type: ignore[misc]
 
 
+def simple_columns(batch: "object") -> tuple[list[bytes | None], list[bytes | None]]:
+    """(keys, values) of a batch with only key and value columns: the sink's fast path."""
+    import pyarrow as pa
+
+    assert isinstance(batch, pa.RecordBatch)
+    cols = {name.lower(): batch.column(i) for i, name in enumerate(batch.schema.names)}
+    values = _as_bytes(cols["value"].to_pylist())
+    keys = _as_bytes(cols["key"].to_pylist()) if "key" in cols else [None] * batch.num_rows
+    return keys, values
+
+
 def records(batch: "object", topic_option: str | None) -> Iterator[Record]:
     """Yields the Kafka records of one Arrow RecordBatch. Executor side.
 
@@ -101,9 +112,8 @@ def records(batch: "object", topic_option: str | None) -> Iterator[Record]:
     else:
         topics = cols["topic"].to_pylist()
     headers = cols["headers"].to_pylist() if "headers" in cols else [None] * n
-    for i in range(n):
-        topic = topics[i]
-        if topic is None:
-            raise SchemaError(f"row {i} of a batch has a null 'topic' and no option 'topic' is set")
-        hdrs = [(h["key"], h["value"]) for h in headers[i]] if headers[i] else None
-        yield keys[i], values[i], topic, partitions[i], hdrs
+    if None in topics:
+        row = topics.index(None)
+        raise SchemaError(f"row {row} of a batch has a null 'topic' and no option 'topic' is set")
+    for key, value, topic, partition, hdrs in zip(keys, values, topics, partitions, headers):
+        yield key, value, topic, partition, ([(h["key"], h["value"]) for h in hdrs] if hdrs else None)  # type: ignore[misc]

@@ -21,7 +21,7 @@ from pyspark.sql.types import StructType
 
 from lastagent import faults
 from lastagent.kafka_xa import BranchHandle, BranchWriter
-from lastagent.sinks.kafka_rows import check_schema, records
+from lastagent.sinks.kafka_rows import check_schema, records, simple_columns
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 
 log = logging.getLogger("lastagent.sink")
@@ -78,9 +78,15 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         tid = self.options.transactional_id(partition, attempt)
         writer = BranchWriter(self.options.client_config, tid, self.options.transaction_timeout_ms)
         try:
+            cols, topic = self.columns, self.options.topic
+            simple = topic is not None and not (cols.has_partition or cols.has_headers)
             for batch in iterator:
-                for key, value, topic, part, headers in records(batch, self.options.topic):
-                    writer.send(topic, value, key, headers, part)
+                if simple:
+                    keys, values = simple_columns(batch)
+                    writer.send_many(topic, keys, values)
+                else:
+                    for key, value, row_topic, part, headers in records(batch, topic):
+                        writer.send(row_topic, value, key, headers, part)
                 faults.point("task_mid_write")
             handle = writer.prepare()
         except BaseException:
