@@ -57,7 +57,8 @@ test-chaos: setup
 	$(PYTEST) tests/chaos
 
 bench: setup kafka-up
-	$(PYTHON) bench/source_bench.py
+	cd bench && ../$(PYTHON) source_bench.py | tee ../.cache/bench-source.json
+	cd bench && ../$(PYTHON) sink_bench.py | tee ../.cache/bench-sink.json
 
 clean:
 	rm -rf $(VENV) .cache build *.egg-info

@@ -113,6 +113,10 @@ def main() -> int:
         results["lastagent-kafka"].append(spark_write(spark, "lastagent-kafka", src, new_topic(admin, 2), ROWS))
     med = {k: statistics.median(v) for k, v in results.items()}
     overhead = {n: commit_overhead(n, admin) for n in (1, 4, 16)}
+    # Baseline: the same task writing 1,000 rows (pyspark's worker, pandas, Arrow, clients).
+    small = source_table(spark, 1000, 1024, 1)
+    with PeakRss() as base:
+        spark_write(spark, "lastagent-kafka", small, new_topic(admin, 1), 1000)
     mem_rows = MEM_MB * 1024
     big = source_table(spark, mem_rows, 1024, 1)
     with PeakRss() as rss:
@@ -125,6 +129,7 @@ def main() -> int:
         "commit_overhead_ms": overhead,
         "memory_mb_written": MEM_MB,
         "python_worker_peak_rss_mb": round(rss.peak_kb / 1024, 1),
+        "python_worker_baseline_rss_mb_1000_rows": round(base.peak_kb / 1024, 1),
     }
     print(json.dumps(summary, indent=2))
     spark.stop()

@@ -82,6 +82,10 @@ def main() -> int:
     med = {k: statistics.median(v) for k, v in results.items()}
 
     # Memory: one task reads one partition of MEM_MB (1 KiB values).
+    # Baseline: the same read of 1,000 rows (pyspark's worker, pandas, Arrow, clients).
+    small = fill_topic(admin, 1, 1000, 1024)
+    with PeakRss() as base:
+        spark_read(spark, "lastagent-kafka", small, 1000)
     mem_rows = MEM_MB * 1024
     big = fill_topic(admin, 1, mem_rows, 1024)
     with PeakRss() as rss:
@@ -94,6 +98,7 @@ def main() -> int:
         "builtin_vs_raw": round(med["kafka"] / med["raw"], 2),
         "memory_partition_mb": MEM_MB,
         "python_worker_peak_rss_mb": round(rss.peak_kb / 1024, 1),
+        "python_worker_baseline_rss_mb_1000_rows": round(base.peak_kb / 1024, 1),
     }
     print(json.dumps(summary, indent=2))
     spark.stop()

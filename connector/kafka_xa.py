@@ -129,6 +129,9 @@ def producer_config(client_config: Mapping[str, str], transactional_id: str, tim
     ``client_config`` holds the user's ``kafka.*`` options with the prefix removed.
     """
     config: dict[str, Any] = dict(client_config)
+    # librdkafka buffers up to 1 GB by default; a branch only needs enough to keep batches
+    # flowing, and the Python worker must stay bounded whatever a partition's size.
+    config.setdefault("queue.buffering.max.kbytes", 32_768)
     config.update({
         "transactional.id": transactional_id,
         "transaction.timeout.ms": int(timeout_ms),
