@@ -28,6 +28,19 @@ class DecidedBranchLostError(LastAgentError):
     """
 
 
+def spark_committed_through(checkpoint_location: str) -> int:
+    """The newest epoch in Spark's commit log (``<checkpoint>/commits/<epoch>``), -1 for none."""
+    from pyarrow import fs
+
+    try:
+        filesystem, path = fs.FileSystem.from_uri(checkpoint_location)
+    except (ValueError, TypeError, OSError):
+        filesystem, path = fs.LocalFileSystem(), checkpoint_location
+    infos = filesystem.get_file_info(fs.FileSelector(f"{path.rstrip('/')}/commits", allow_not_found=True))
+    epochs = [int(i.base_name) for i in infos if i.base_name.isdigit()]
+    return max(epochs, default=-1)
+
+
 class Committer:
     """Runs one link's protocol steps on the driver.
 
@@ -63,26 +76,31 @@ class Committer:
             )
 
     def start(self) -> int:
-        """Recovery at query start: commits open branches of decided epochs.
+        """Recovery at query start: finishes the newest decided epoch if Spark did not commit it.
 
-        Open branches of undecided epochs are left for the in-flight epoch's commit or abort,
-        which rolls them back (presumed abort) once it knows which branches it decides.
+        Spark writes its commit log for epoch N only after the sink's commit(N) returned, that
+        is after N's phase 2; and it runs N+1's tasks only after that. So when the checkpoint
+        lacks N, N's branches may still be open — and no later task has reused their ids yet —
+        so they are committed now, before any task starts. A recorded branch that the broker
+        already ended otherwise (expired) raises :class:`DecidedBranchLostError`. Open branches
+        of undecided epochs are left to the in-flight epoch's commit or abort (presumed abort).
 
         Returns:
             The newest decided epoch of the link (-1 for none): re-run tasks of an epoch at or
             below it write nothing.
         """
         self.check()
-        open_txns = self.xa.recover(self.options.id_prefix)
-        faults.point("in_recovery")
-        decided = self._decided_branches({t.transactional_id for t in open_txns})
-        to_commit = [t.handle() for t in open_txns if (t.transactional_id, t.producer_id, t.producer_epoch) in decided]
-        if to_commit:
-            log.warning("link %s: recovery commits %d branch(es) of decided epochs", self.link, len(to_commit))
-            self._require_committed(self.xa.end_all(to_commit, commit=True, parallelism=self.options.phase2_parallelism),
-                                    decided)
         latest = self.store.latest_epoch(self.link)
-        return -1 if latest is None else latest
+        if latest is None:
+            return -1
+        if spark_committed_through(self.options.checkpoint_location) < latest:
+            record = self.store.get(self.link, latest)
+            faults.point("in_recovery")
+            if record is not None and record.branches:
+                log.warning("link %s: epoch %d is decided but not in Spark's commit log; completing its "
+                            "%d branch(es)", self.link, latest, len(record.branches))
+                self._phase2(record)
+        return latest
 
     def _decided_branches(self, open_ids: set[str]) -> dict[tuple[str, int, int], int]:
         """(transactional id, producer id, epoch) → Spark epoch, for every branch of every kept decision."""

@@ -1,0 +1,96 @@
+"""The driver's protocol steps against the real broker and a Delta arbitration table."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from support import read_committed
+
+from lastagent.arbitration import ArbitrationRecord
+from lastagent.committer import Committer, DecidedBranchLostError
+from lastagent.kafka_xa import BranchWriter
+from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def options(kafka_bootstrap, tmp_path):
+    return KafkaSinkOptions.parse({
+        "kafka.bootstrap.servers": kafka_bootstrap, "link": f"c-{uuid.uuid4().hex[:8]}",
+        "arbitrationTable": str(tmp_path / "arb"), "checkpointLocation": str(tmp_path / "ckpt")})
+
+
+def _branches(options, topic, n, timeout_ms=600_000, attempt=0):
+    handles = []
+    for p in range(n):
+        w = BranchWriter(options.client_config, options.transactional_id(p, attempt), timeout_ms)
+        w.send(topic, f"{p}-{attempt}".encode())
+        handles.append(w.prepare())
+    return handles
+
+
+def _decide_only(committer, epoch, handles):
+    committer.store.decide(ArbitrationRecord(committer.link, epoch, f"{committer.link}:{epoch}",
+                                             tuple(h.to_json() for h in handles)))
+
+
+def test_commit_decides_commits_and_rolls_back_superseded(options, kafka_bootstrap, new_topic):
+    topic = new_topic()
+    stale = _branches(options, topic, 1, attempt=1)  # a failed attempt's branch, never reported
+    live = _branches(options, topic, 2)
+    with Committer(options) as c:
+        record = c.commit(0, live)
+        assert len(record.branches) == 2
+        assert c.in_doubt() == []
+    assert sorted(v for _, v in read_committed(kafka_bootstrap, topic, 2)) == [b"0-0", b"1-0"]
+    assert stale  # its records never became visible (checked by the exact list above)
+
+
+def test_start_completes_a_decided_epoch_missing_from_spark_commit_log(options, kafka_bootstrap, new_topic):
+    topic = new_topic()
+    with Committer(options) as c:
+        _decide_only(c, 0, _branches(options, topic, 3))  # crash after the arbitration commit
+        assert c.start() == 0
+        assert c.in_doubt() == []
+    assert len(read_committed(kafka_bootstrap, topic, 3)) == 3
+
+
+def test_start_trusts_spark_commit_log(options, new_topic, tmp_path):
+    topic = new_topic()
+    commits = tmp_path / "ckpt" / "commits"
+    commits.mkdir(parents=True)
+    (commits / "0").write_text("v1\n{}")
+    with Committer(options) as c:
+        _decide_only(c, 0, [])
+        open_branch = _branches(options, topic, 1)  # an in-flight epoch's branch: left alone
+        assert c.start() == 0
+        assert [t.transactional_id for t, _, _ in c.in_doubt()] == [open_branch[0].transactional_id]
+
+
+def test_abort_after_decision_completes_it_and_abort_before_rolls_back(options, kafka_bootstrap, new_topic):
+    topic = new_topic()
+    with Committer(options) as c:
+        decided = _branches(options, topic, 2)
+        _decide_only(c, 0, decided)
+        c.abort(0, decided)  # the record stands
+        undecided = _branches(options, topic, 2, attempt=1)
+        c.abort(1, undecided[:1])  # presumed abort: the reported and the unreported branch
+        assert c.in_doubt() == []
+    assert sorted(v for _, v in read_committed(kafka_bootstrap, topic, 2)) == [b"0-0", b"1-0"]
+
+
+def test_expired_decided_branch_fails_loudly_naming_link_epoch_branch(options, new_topic):
+    topic = new_topic()
+    with Committer(options) as c:
+        handles = _branches(options, topic, 1, timeout_ms=1000)
+        _decide_only(c, 4, handles)
+        deadline = time.monotonic() + 60
+        while c.xa.recover(options.id_prefix) and time.monotonic() < deadline:
+            time.sleep(0.5)  # the broker expires it
+        with pytest.raises(DecidedBranchLostError) as err:
+            c.start()
+    message = str(err.value)
+    assert f"link {options.link!r} epoch 4" in message and handles[0].transactional_id in message
