@@ -10,6 +10,19 @@ class KafkaDataSource(DataSource):
     def name(cls) -> str:
         return "lastagent-kafka"
 
+    def schema(self):  # noqa: ANN201 — Spark's API
+        """The row schema of Spark's built-in kafka source (``headers`` with includeHeaders=true)."""
+        from lastagent.sources.kafka_source import kafka_schema
+
+        return kafka_schema(str(self.options.get("includeHeaders", "false")).strip().lower() == "true")
+
+    def streamReader(self, schema):  # noqa: ANN001, ANN201, N802 — Spark's API
+        """Driver: the source's reader; options are checked here, once, at query start."""
+        from lastagent.sources.kafka_source import KafkaStreamReader
+        from lastagent.sources.kafka_source_options import KafkaSourceOptions
+
+        return KafkaStreamReader(KafkaSourceOptions.parse(self.options))
+
     def streamWriter(self, schema, overwrite):  # noqa: ANN001, ANN201, N802 — Spark's API
         """Driver: the exactly-once sink's writer (pickled to executors for ``write``)."""
         from lastagent.sinks.kafka_sink import KafkaStreamWriter

@@ -1,0 +1,276 @@
+"""Offsets, ranges and the broker's view of them for the ``lastagent-kafka`` source.
+
+Two parts:
+
+* pure functions (no I/O) that plan a micro-batch: admission control under
+  ``maxOffsetsPerTrigger`` and the split of offset ranges into Spark partitions
+  (``minPartitions``), as Spark's own kafka source does them;
+* :class:`OffsetReader`, the driver's Kafka admin client: partitions of the subscription,
+  earliest/latest offsets (latest is the last *stable* offset under read_committed, so a
+  batch never ends inside an open transaction), offsets by timestamp, and the group's
+  committed offsets.
+
+Offsets travel through Spark's checkpoint as ``{"topic": {"0": 42}}``, the JSON shape of
+Spark's built-in kafka source.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from lastagent.errors import DataLossError, KafkaProtocolError, OptionError
+from lastagent.sources.kafka_source_options import KafkaSourceOptions
+
+log = logging.getLogger("lastagent.source")
+
+TP = tuple[str, int]
+EARLIEST, LATEST = -2, -1
+
+
+def to_json(offsets: Mapping[TP, int]) -> dict[str, dict[str, int]]:
+    """{(topic, partition): offset} → Spark checkpoint form, sorted so equal offsets print equal."""
+    out: dict[str, dict[str, int]] = {}
+    for (topic, part), off in sorted(offsets.items()):
+        out.setdefault(topic, {})[str(part)] = int(off)
+    return out
+
+
+def from_json(offsets: Mapping[str, Mapping[str, int]]) -> dict[TP, int]:
+    """Spark checkpoint form → {(topic, partition): offset}."""
+    return {(topic, int(p)): int(o) for topic, parts in offsets.items() for p, o in parts.items()}
+
+
+def rate_limit(start: Mapping[TP, int], latest: Mapping[TP, int], max_rows: int) -> dict[TP, int]:
+    """End offsets for one batch under ``maxOffsetsPerTrigger``, shared in proportion to backlog.
+
+    Spark's rule: each partition gets ``max_rows * size / total`` offsets, rounded down, but
+    at least one when its share is below one, never beyond its latest offset.
+    Pure: no I/O, runs on the driver.
+    """
+    sizes = {tp: max(0, latest[tp] - start.get(tp, latest[tp])) for tp in latest}
+    total = sum(sizes.values())
+    if total <= max_rows:
+        return dict(latest)
+    out = {}
+    for tp, end in latest.items():
+        begin = start.get(tp, end)
+        share = max_rows * (sizes[tp] / total)
+        step = math.ceil(share) if share < 1 else math.floor(share)
+        out[tp] = min(begin + step, end)
+    return out
+
+
+@dataclass(frozen=True)
+class OffsetRange:
+    """One Spark partition's work: offsets [start, until) of one topic-partition."""
+
+    topic: str
+    partition: int
+    start: int
+    until: int
+
+    @property
+    def size(self) -> int:
+        return self.until - self.start
+
+
+def plan_ranges(start: Mapping[TP, int], end: Mapping[TP, int], min_partitions: int | None) -> list[OffsetRange]:
+    """The non-empty ranges of a batch, split so there are at least ``min_partitions`` of them.
+
+    As Spark's ``KafkaOffsetRangeCalculator``: when there are fewer non-empty ranges than
+    ``minPartitions``, each range is cut into pieces in proportion to its size.
+    Pure: no I/O, runs on the driver.
+    """
+    ranges = [OffsetRange(t, p, start[(t, p)], end[(t, p)]) for (t, p) in sorted(end)
+              if (t, p) in start and end[(t, p)] > start[(t, p)]]
+    if not min_partitions or len(ranges) >= min_partitions:
+        return ranges
+    total = sum(r.size for r in ranges)
+    out: list[OffsetRange] = []
+    for r in ranges:
+        pieces = max(1, min(r.size, round(r.size / total * min_partitions)))
+        for i in range(pieces):
+            lo = r.start + r.size * i // pieces
+            hi = r.start + r.size * (i + 1) // pieces
+            out.append(OffsetRange(r.topic, r.partition, lo, hi))
+    return out
+
+
+def check_loss(start: Mapping[TP, int], earliest: Mapping[TP, int], fail: bool) -> dict[TP, int]:
+    """Start offsets moved past records that are gone; raises or logs when any are.
+
+    A start below the partition's earliest offset means retention (or a truncation) removed
+    records this query had not read; a partition in ``start`` that no longer exists was
+    deleted with its topic. Pure apart from logging.
+
+    Raises:
+        DataLossError: when ``fail`` (``failOnDataLoss=true``), naming topic, partition and offsets.
+    """
+    out = {}
+    for tp, off in start.items():
+        if tp not in earliest:
+            msg = (f"partition {tp[0]}-{tp[1]} is gone (topic or partition deleted) with records from offset "
+                   f"{off} not yet read")
+        elif off < earliest[tp]:
+            msg = (f"records of {tp[0]}-{tp[1]} at offsets [{off}, {earliest[tp]}) are gone (retention or "
+                   f"truncation) before this query read them")
+        else:
+            out[tp] = off
+            continue
+        if fail:
+            raise DataLossError(msg + ". Set failOnDataLoss=false to skip lost records and continue.")
+        log.warning("%s; skipping them (failOnDataLoss=false)", msg)
+        if tp in earliest:
+            out[tp] = earliest[tp]
+    return out
+
+
+def _kafka_error(e: Exception) -> str:
+    err = e.args[0] if e.args else None
+    return err.str() if hasattr(err, "str") else str(e)
+
+
+class OffsetReader:
+    """The driver's view of the broker for the source: metadata and offsets. Driver side.
+
+    Every call is bounded by ``kafka.default.api.timeout.ms``; an unreachable broker is an
+    error naming ``kafka.bootstrap.servers``, never a hang.
+    """
+
+    def __init__(self, options: KafkaSourceOptions) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        self.options = options
+        self.timeout = options.api_timeout_ms / 1000
+        config = _checked_config(options.client_config)
+        self.admin = AdminClient({k: v for k, v in config.items() if k not in _CONSUMER_ONLY})
+
+    def _wait(self, futures: dict, what: str) -> dict:
+        from confluent_kafka import KafkaException
+
+        out = {}
+        for key, fut in futures.items():
+            try:
+                out[key] = fut.result(timeout=self.timeout)
+            except KafkaException as e:
+                raise KafkaProtocolError(f"{what} failed for {key}: {_kafka_error(e)}", retriable=True) from e
+        return out
+
+    def topics(self) -> dict[str, int]:
+        """Topic → partition count of every topic the broker reports (internal ones excluded)."""
+        from confluent_kafka import KafkaException
+
+        try:
+            md = self.admin.list_topics(timeout=self.timeout)
+        except KafkaException as e:
+            raise OptionError("kafka.bootstrap.servers",
+                              f"no Kafka broker answered at {self.options.bootstrap_servers} within "
+                              f"{self.options.api_timeout_ms} ms (kafka.default.api.timeout.ms): {_kafka_error(e)}; "
+                              "check host:port and that the broker is running") from None
+        return {name: len(t.partitions) for name, t in md.topics.items()
+                if t.error is None and not name.startswith("__")}
+
+    def partitions(self, must_exist: bool = False) -> list[TP]:
+        """The topic-partitions the subscription covers now (new partitions and topics included).
+
+        Args:
+            must_exist: at query start: a named topic or partition that does not exist is an
+                error naming the option (later, a vanished one is data loss, decided elsewhere).
+        """
+        topics = self.topics()
+        o = self.options
+        if o.subscribe:
+            missing = [t for t in o.subscribe if t not in topics]
+            if missing and must_exist:
+                raise OptionError("subscribe", f"topic(s) {', '.join(missing)} do not exist on "
+                                               f"{o.bootstrap_servers}; create them first or fix the name")
+            return [(t, p) for t in o.subscribe if t in topics for p in range(topics[t])]
+        if o.pattern is not None:
+            rx = re.compile(o.pattern)
+            return [(t, p) for t in sorted(topics) if rx.fullmatch(t) for p in range(topics[t])]
+        assert o.assign is not None
+        out = []
+        for t, parts in sorted(o.assign.items()):
+            for p in parts:
+                if p < topics.get(t, 0):
+                    out.append((t, p))
+                elif must_exist:
+                    raise OptionError("assign", f"{t}-{p} does not exist on {o.bootstrap_servers} "
+                                                f"(topic {t!r} has {topics.get(t, 0)} partition(s))")
+        return out
+
+    def _list_offsets(self, specs: Mapping[TP, object]) -> dict[TP, int]:
+        from confluent_kafka import IsolationLevel, TopicPartition
+
+        if not specs:
+            return {}
+        level = IsolationLevel.READ_COMMITTED if self.options.read_committed else IsolationLevel.READ_UNCOMMITTED
+        futures = self.admin.list_offsets({TopicPartition(t, p): s for (t, p), s in specs.items()},
+                                          isolation_level=level, request_timeout=self.timeout)
+        done = self._wait(futures, "list offsets")
+        return {(tp.topic, tp.partition): info.offset for tp, info in done.items()}
+
+    def earliest(self, tps: Iterable[TP]) -> dict[TP, int]:
+        from confluent_kafka.admin import OffsetSpec
+
+        return self._list_offsets({tp: OffsetSpec.earliest() for tp in tps})
+
+    def latest(self, tps: Iterable[TP]) -> dict[TP, int]:
+        """The end offsets; under read_committed the last stable offset (never inside an open transaction)."""
+        from confluent_kafka.admin import OffsetSpec
+
+        return self._list_offsets({tp: OffsetSpec.latest() for tp in tps})
+
+    def by_timestamp(self, stamps: Mapping[TP, int]) -> dict[TP, int]:
+        """First offset whose timestamp is >= the given one, per partition; -1 where there is none."""
+        from confluent_kafka.admin import OffsetSpec
+
+        return self._list_offsets({tp: OffsetSpec.for_timestamp(ts) for tp, ts in stamps.items()})
+
+    def group_offsets(self, tps: Iterable[TP]) -> dict[TP, int]:
+        """Offsets committed for ``kafka.group.id``; partitions without one are absent."""
+        from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+
+        group = self.options.group_id
+        request = [ConsumerGroupTopicPartitions(group, [TopicPartition(t, p) for t, p in tps])]
+        result = self._wait(self.admin.list_consumer_group_offsets(request, request_timeout=self.timeout),
+                            "fetch group offsets")[group]
+        return {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions if tp.offset >= 0}
+
+    def commit_group(self, offsets: Mapping[TP, int]) -> None:
+        """Commits offsets to ``kafka.group.id`` (for lag tools; correctness never reads them)."""
+        from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+
+        group = self.options.group_id
+        request = [ConsumerGroupTopicPartitions(group, [TopicPartition(t, p, o) for (t, p), o in offsets.items()])]
+        self._wait(self.admin.alter_consumer_group_offsets(request, request_timeout=self.timeout),
+                   "commit group offsets")
+
+
+#: librdkafka consumer settings an admin client would only warn about; kept for executors.
+_CONSUMER_ONLY = {"group.id", "isolation.level", "fetch.min.bytes", "fetch.max.bytes", "fetch.wait.max.ms",
+                  "max.partition.fetch.bytes", "queued.max.messages.kbytes", "queued.min.messages",
+                  "fetch.message.max.bytes", "enable.partition.eof", "check.crcs", "client.rack",
+                  "session.timeout.ms", "heartbeat.interval.ms", "max.poll.interval.ms", "auto.commit.interval.ms",
+                  "partition.assignment.strategy", "group.instance.id", "fetch.queue.backoff.ms",
+                  "fetch.error.backoff.ms", "enable.auto.offset.store"}
+
+
+def _checked_config(config: Mapping[str, str]) -> dict[str, str]:
+    """Validates kafka.* settings against librdkafka: an unknown one is an error naming it."""
+    from confluent_kafka import Consumer, KafkaException
+
+    probe = dict(config, **{"group.id": config.get("group.id", "lastagent-probe")})
+    try:
+        Consumer(probe).close()
+    except KafkaException as e:
+        text = _kafka_error(e)
+        m = re.search(r'property: "([^"]+)"', text) or re.search(r'"([^"]+)"', text)
+        name = f"kafka.{m.group(1)}" if m else "kafka.*"
+        raise OptionError(name, f"rejected by the Kafka client: {text}. Give librdkafka consumer settings "
+                                "(https://github.com/confluentinc/librdkafka/blob/master/CONFIGURATION.md)") from None
+    return dict(config)

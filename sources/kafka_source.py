@@ -1,0 +1,334 @@
+"""The ``lastagent-kafka`` streaming source on Spark 4's Python Data Source API.
+
+* :class:`KafkaStreamReader` runs on the driver (in Spark's long-lived Python source
+  process): it resolves starting offsets, plans each micro-batch under Spark's admission
+  control (``maxOffsetsPerTrigger`` → :class:`ReadMaxRows`), detects data loss, and commits
+  processed offsets to ``kafka.group.id`` when one is set.
+* :func:`read_range` runs on executors, one Spark task per offset range: it reads the range
+  with a reused confluent-kafka consumer and yields pyarrow record batches of at most
+  ``maxRecordsPerArrowBatch`` rows, so a task's memory is bounded whatever the partition's size.
+
+Under ``read_committed`` (the default) the batch's end is the partition's last stable
+offset, so a batch never waits on an open transaction; records of aborted transactions are
+skipped by the client, and the offsets they and the transaction markers occupy are gaps
+that end a range without counting as loss.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from lastagent.errors import DataLossError, KafkaProtocolError, OptionError
+from lastagent.sources.kafka_offsets import (
+    EARLIEST,
+    LATEST,
+    TP,
+    OffsetRange,
+    OffsetReader,
+    check_loss,
+    from_json,
+    plan_ranges,
+    rate_limit,
+    to_json,
+)
+from lastagent.sources.kafka_source_options import KafkaSourceOptions
+
+log = logging.getLogger("lastagent.source")
+
+HEADERS_TYPE = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
+
+
+def kafka_schema(include_headers: bool) -> StructType:
+    """The row schema of Spark's built-in kafka source."""
+    fields = [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+    ]
+    if include_headers:
+        fields.append(StructField("headers", HEADERS_TYPE))
+    return StructType(fields)
+
+
+@dataclass(frozen=True)
+class KafkaInputPartition(InputPartition):
+    """One Spark task's work (pickled to the executor): an offset range and the client settings."""
+
+    range: OffsetRange
+    options: KafkaSourceOptions
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Plans micro-batches over Kafka offsets. Driver side.
+
+    Args:
+        options: the checked options (parsed once, at query start).
+    """
+
+    def __init__(self, options: KafkaSourceOptions) -> None:
+        self.options = options
+        self._offsets: OffsetReader | None = OffsetReader(options)
+        self._available_now: dict[TP, int] | None = None
+        self._latest: dict[TP, int] = {}
+        self._known = set(self.offsets.partitions(must_exist=True))
+
+    @property
+    def offsets(self) -> OffsetReader:
+        """The driver's admin client (created again if this reader was unpickled)."""
+        if self._offsets is None:
+            self._offsets = OffsetReader(self.options)
+        return self._offsets
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Spark pickles the reader with read(): the admin client stays on the driver.
+        return dict(self.__dict__, _offsets=None)
+
+    # -- start ----------------------------------------------------------------------------
+
+    def initialOffset(self) -> dict:  # noqa: N802 — Spark's API
+        """Resolves startingOffsets / startingTimestamp / startingOffsetsByTimestamp (new query only)."""
+        return to_json(self._starting(sorted(self._known)))
+
+    def _starting(self, tps: list[TP]) -> dict[TP, int]:
+        o = self.options
+        if o.starting_timestamp is not None or o.starting_by_timestamp is not None:
+            return self._by_timestamp(tps)
+        if o.starting == "earliest":
+            return self.offsets.earliest(tps)
+        if o.starting == "latest":
+            return self.offsets.latest(tps)
+        if o.starting == "group":
+            committed = self.offsets.group_offsets(tps)
+            missing = [tp for tp in tps if tp not in committed]
+            if missing:
+                log.info("group %s has no offset for %s; starting them at earliest", o.group_id,
+                         ", ".join(f"{t}-{p}" for t, p in missing))
+            return {**self.offsets.earliest(missing), **committed}
+        assert isinstance(o.starting, dict)
+        given = {(t, p): off for t, parts in o.starting.items() for p, off in parts.items()}
+        unknown = sorted(set(given) - set(tps))
+        if unknown:
+            raise OptionError("startingOffsets", f"names {', '.join(f'{t}-{p}' for t, p in unknown)}, which the "
+                                                 f"{o.strategy()} option does not cover (partitions: "
+                                                 f"{', '.join(f'{t}-{p}' for t, p in tps)})")
+        missing = [tp for tp in tps if tp not in given]
+        if missing:
+            raise OptionError("startingOffsets", f"gives no offset for {', '.join(f'{t}-{p}' for t, p in missing)}; "
+                                                 "give every partition an offset, -2 (earliest) or -1 (latest)")
+        earliest = self.offsets.earliest([tp for tp, v in given.items() if v == EARLIEST])
+        latest = self.offsets.latest([tp for tp, v in given.items() if v == LATEST])
+        return {tp: earliest.get(tp, latest.get(tp, v)) for tp, v in given.items()}
+
+    def _by_timestamp(self, tps: list[TP]) -> dict[TP, int]:
+        o = self.options
+        if o.starting_by_timestamp is not None:
+            name = "startingOffsetsByTimestamp"
+            stamps = {(t, p): ts for t, parts in o.starting_by_timestamp.items() for p, ts in parts.items()}
+            missing = [tp for tp in tps if tp not in stamps]
+            if missing:
+                raise OptionError(name, f"gives no timestamp for {', '.join(f'{t}-{p}' for t, p in missing)}")
+        else:
+            name = "startingTimestamp"
+            stamps = {tp: o.starting_timestamp for tp in tps}
+        found = self.offsets.by_timestamp(stamps)
+        none = [tp for tp, off in found.items() if off < 0]
+        if none and o.timestamp_strategy == "error":
+            raise OptionError(name, f"no record at or after the given timestamp in "
+                                    f"{', '.join(f'{t}-{p}' for t, p in sorted(none))}; set "
+                                    "startingOffsetsByTimestampStrategy=latest to start those at the end")
+        latest = self.offsets.latest(none)
+        return {tp: (latest[tp] if off < 0 else off) for tp, off in found.items()}
+
+    # -- each trigger -----------------------------------------------------------------------
+
+    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802 — Spark's API
+        """``maxOffsetsPerTrigger`` as Spark's admission control sees it."""
+        n = self.options.max_offsets_per_trigger
+        return ReadMaxRows(n) if n else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802 — Spark's API
+        """Trigger.AvailableNow: fixes the end at the offsets available now."""
+        tps = self.offsets.partitions()
+        self._available_now = self.offsets.latest(tps)
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # noqa: N802 — Spark's API
+        """The end of the next batch: latest (stable) offsets, new partitions from earliest, rate-limited."""
+        begin = from_json(start)
+        tps = self.offsets.partitions()
+        new = [tp for tp in tps if tp not in begin]
+        if new:
+            log.info("new partitions %s: reading them from earliest", ", ".join(f"{t}-{p}" for t, p in new))
+            begin.update(self.offsets.earliest(new))
+        earliest = self.offsets.earliest([tp for tp in begin if tp in set(tps)])
+        begin = check_loss(begin, earliest, self.options.fail_on_data_loss)
+        latest = self._available_now if self._available_now is not None else self.offsets.latest(tps)
+        latest = {tp: max(off, begin.get(tp, off)) for tp, off in latest.items() if tp in begin}
+        self._latest = latest
+        if isinstance(limit, ReadMaxRows):
+            latest = rate_limit(begin, latest, limit.max_rows)
+        return to_json({**begin, **latest})
+
+    def reportLatestOffset(self) -> dict | None:  # noqa: N802 — Spark's API
+        return to_json(self._latest) if self._latest else None
+
+    def partitions(self, start: dict, end: dict) -> list[KafkaInputPartition]:
+        """One task per offset range (split further under minPartitions)."""
+        begin, until = from_json(start), from_json(end)
+        for tp in until:
+            # A partition first seen in this batch starts at its earliest offset.
+            begin.setdefault(tp, until[tp])
+        ranges = plan_ranges(begin, until, self.options.min_partitions)
+        return [KafkaInputPartition(r, self.options) for r in ranges]
+
+    def read(self, partition: KafkaInputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        """Executor: the records of one offset range as Arrow record batches."""
+        return read_range(partition.range, partition.options)
+
+    def commit(self, end: dict) -> None:
+        """After each batch: commits its end offsets to ``kafka.group.id``, if set (for lag tools only)."""
+        if not self.options.group_id:
+            return
+        try:
+            self.offsets.commit_group(from_json(end))
+        except KafkaProtocolError as e:
+            # Offsets live in Spark's checkpoint; a failed group commit only delays lag reports.
+            log.warning("could not commit offsets to group %s (progress is safe in the checkpoint): %s",
+                        self.options.group_id, e)
+
+
+# -- executor side ------------------------------------------------------------------------
+
+#: Consumers reused across tasks of this Python worker, keyed by their settings.
+_CONSUMERS: dict[tuple[tuple[str, str], ...], Any] = {}
+
+
+def _consumer(config: dict[str, str]) -> Any:
+    """A consumer for these settings, created once per worker process and reused."""
+    from confluent_kafka import Consumer
+
+    key = tuple(sorted(config.items()))
+    consumer = _CONSUMERS.get(key)
+    if consumer is None:
+        settings: dict[str, Any] = {
+            # Bounded prefetch: the client's queue, not the partition's size, sets memory use.
+            "queued.max.messages.kbytes": 16384,
+            "fetch.max.bytes": 16 * 1024 * 1024,
+            **config,
+            "group.id": config.get("group.id") or f"lastagent-source-{uuid.uuid4().hex[:12]}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            # Out-of-range is data loss; failOnDataLoss decides, never a silent reset.
+            "auto.offset.reset": "error",
+        }
+        consumer = _CONSUMERS[key] = Consumer(settings)
+    return consumer
+
+
+def read_range(r: OffsetRange, options: KafkaSourceOptions) -> Iterator[pa.RecordBatch]:
+    """Reads offsets [r.start, r.until) of one partition. Runs on an executor.
+
+    The range ends at the first record, or end-of-partition event, at or beyond ``until``:
+    under read_committed the last offsets of a range may be transaction markers or aborted
+    records that the client never returns.
+
+    Raises:
+        DataLossError: records of the range are gone and ``failOnDataLoss`` is true.
+        KafkaProtocolError: no progress within ``kafkaConsumer.pollTimeoutMs``.
+    """
+    from confluent_kafka import KafkaError, TopicPartition
+
+    from lastagent.sources.kafka_columns import BatchBuilder
+
+    consumer = _consumer(options.client_config)
+    consumer.assign([TopicPartition(r.topic, r.partition, r.start)])
+    builder = BatchBuilder(r.topic, r.partition, options.include_headers)
+    position = r.start
+    patience = options.poll_timeout_ms / 1000
+    deadline = time.monotonic() + patience
+    chunk = min(options.batch_rows, 10_000)
+    try:
+        while position < r.until:
+            msgs = consumer.consume(num_messages=chunk, timeout=min(1.0, patience))
+            if not msgs:
+                if time.monotonic() > deadline:
+                    raise KafkaProtocolError(
+                        f"{r.topic}-{r.partition}: no record at offset {position} within kafkaConsumer.pollTimeoutMs="
+                        f"{options.poll_timeout_ms} (range [{r.start}, {r.until})); is the broker reachable?",
+                        retriable=True)
+                continue
+            deadline = time.monotonic() + patience
+            last = msgs[-1]
+            if last.error() is not None or any(m.error() is not None for m in msgs):
+                data = []
+                for m in msgs:
+                    err = m.error()
+                    if err is None:
+                        data.append(m)
+                        continue
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        if m.offset() >= r.until:
+                            position = r.until
+                        continue
+                    if err.code() == KafkaError._AUTO_OFFSET_RESET:
+                        position = _lost(consumer, r, position, options)
+                        continue
+                    raise KafkaProtocolError(f"{r.topic}-{r.partition} at offset {position}: {err.str()}",
+                                             retriable=err.retriable())
+                msgs = data
+            if msgs:
+                offsets = [m.offset() for m in msgs]
+                cut = bisect.bisect_left(offsets, r.until)
+                if cut:
+                    yield from builder.add(msgs[:cut], offsets[:cut], options.batch_rows)
+                    position = max(position, offsets[cut - 1] + 1)
+                if cut < len(offsets):
+                    position = r.until
+        tail = builder.flush()
+        if tail is not None:
+            yield tail
+    finally:
+        # The consumer is reused by the worker's next task: stop fetching this partition.
+        consumer.unassign()
+
+
+def _lost(consumer: Any, r: OffsetRange, position: int, options: KafkaSourceOptions) -> int:
+    """Offset ``position`` is out of range mid-read: fail, or skip to the earliest offset left."""
+    from confluent_kafka import TopicPartition
+
+    low, high = consumer.get_watermark_offsets(TopicPartition(r.topic, r.partition),
+                                               timeout=options.api_timeout_ms / 1000, cached=False)
+    msg = (f"records of {r.topic}-{r.partition} at offsets [{position}, {min(low, r.until)}) are gone "
+           f"(retention or truncation) before this query read them")
+    if options.fail_on_data_loss or low <= position:
+        raise DataLossError(msg + ". Set failOnDataLoss=false to skip lost records and continue.")
+    log.warning("%s; skipping them (failOnDataLoss=false)", msg)
+    if low >= r.until:
+        return r.until
+    consumer.assign([TopicPartition(r.topic, r.partition, low)])
+    return low
+

@@ -1,0 +1,246 @@
+"""Options of the ``lastagent-kafka`` source, parsed once at query start. Driver side.
+
+The names, defaults and meaning follow Spark's built-in ``kafka`` source, so switching is a
+change of format name: ``kafka.bootstrap.servers`` and any ``kafka.*`` consumer setting pass
+through to the client; exactly one of ``subscribe``, ``subscribePattern``, ``assign``;
+``startingOffsets``, ``startingTimestamp``, ``startingOffsetsByTimestamp``,
+``maxOffsetsPerTrigger``, ``minPartitions``, ``failOnDataLoss``, ``includeHeaders``.
+Every error names the option and what would be right.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from lastagent.errors import OptionError
+
+#: Consumer settings the source owns, as in Spark's kafka source: a user value would break
+#: offset tracking (Spark's checkpoint holds the offsets) or the row schema.
+_RESERVED = {
+    "kafka.auto.offset.reset": "set 'startingOffsets' instead (earliest, latest, group or per-partition JSON)",
+    "kafka.enable.auto.commit": "offsets live in Spark's checkpoint; set 'kafka.group.id' to have them "
+                                "committed to a group after each batch",
+    "kafka.key.deserializer": "keys are read as bytes; cast the 'key' column in the query",
+    "kafka.value.deserializer": "values are read as bytes; cast the 'value' column in the query",
+    "kafka.interceptor.classes": "not supported by the Python client",
+}
+
+#: The source's options: name → (default or None when required, description). The docs in
+#: docs/options.md are generated from this table (``python -m lastagent.options_doc``).
+SOURCE_OPTIONS: dict[str, tuple[str | None, str]] = {
+    "kafka.bootstrap.servers": (None, "Kafka bootstrap servers, host:port[,host:port]."),
+    "subscribe": ("", "Comma-separated topics to read. Exactly one of subscribe, subscribePattern, assign."),
+    "subscribePattern": ("", "Java-style regular expression; every topic whose whole name matches is read, "
+                             "including topics created later."),
+    "assign": ("", "JSON of the topic-partitions to read, e.g. {\"t\":[0,1]}."),
+    "startingOffsets": ("latest", "Where a new query starts: earliest, latest, group (the offsets committed "
+                                  "for kafka.group.id; partitions without one start at earliest) or JSON "
+                                  "{\"t\":{\"0\":23,\"1\":-2}} (-2 earliest, -1 latest). Ignored on restart: "
+                                  "the checkpoint's offsets win."),
+    "startingTimestamp": ("", "Start every partition at the first offset whose timestamp is >= this "
+                              "(milliseconds since the epoch). Wins over startingOffsets."),
+    "startingOffsetsByTimestamp": ("", "JSON {\"t\":{\"0\":1700000000000}}: a start timestamp per partition. "
+                                       "Wins over startingOffsets."),
+    "startingOffsetsByTimestampStrategy": ("error", "When no offset has a timestamp >= the given one: "
+                                                    "error (fail the query) or latest."),
+    "maxOffsetsPerTrigger": ("", "Upper bound on offsets per micro-batch, shared across partitions in "
+                                 "proportion to their backlog (Spark's admission control)."),
+    "minPartitions": ("", "Split large offset ranges so a batch has at least this many Spark partitions."),
+    "failOnDataLoss": ("true", "Fail the query when offsets it should read are gone (retention, deleted "
+                               "partition or topic); false logs a warning and skips them."),
+    "includeHeaders": ("false", "Add the 'headers' column: array<struct<key:string, value:binary>>."),
+    "kafkaConsumer.pollTimeoutMs": ("120000", "How long a task waits for records it knows exist before "
+                                              "failing."),
+    "kafka.default.api.timeout.ms": ("60000", "Timeout of the driver's metadata and offset requests; an "
+                                              "unreachable broker fails the query after this."),
+    "kafka.isolation.level": ("read_committed", "read_committed skips records of aborted transactions and "
+                                                "never reads past an open one; read_uncommitted reads all."),
+    "maxRecordsPerArrowBatch": ("10000", "Rows per Arrow record batch handed to Spark (bounds a task's memory)."),
+}
+_KNOWN = {k.lower(): k for k in SOURCE_OPTIONS}
+_ISOLATION = ("read_committed", "read_uncommitted")
+
+
+def _bool(opts: Mapping[str, str], name: str) -> bool:
+    raw = str(opts.get(name.lower(), SOURCE_OPTIONS[name][0])).strip().lower()
+    if raw not in ("true", "false"):
+        raise OptionError(name, f"{raw!r} is not a boolean; give true or false")
+    return raw == "true"
+
+
+def _int(opts: Mapping[str, str], name: str, minimum: int) -> int | None:
+    raw = str(opts.get(name.lower(), SOURCE_OPTIONS[name][0])).strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise OptionError(name, f"{raw!r} is not an integer; give a whole number >= {minimum}") from None
+    if value < minimum:
+        raise OptionError(name, f"{value} is too small; give a whole number >= {minimum}")
+    return value
+
+
+def _json(opts: Mapping[str, str], name: str, example: str) -> Any:
+    raw = opts[name.lower()]
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise OptionError(name, f"is not valid JSON ({e.msg} at position {e.pos}); expected e.g. {example}") from None
+
+
+def _partition_map(value: Any, name: str, example: str) -> dict[str, dict[int, int]]:
+    """{"topic": {"0": 12}} → {"topic": {0: 12}}, checked."""
+    if not isinstance(value, dict) or not value:
+        raise OptionError(name, f"must be a non-empty JSON object of topics, e.g. {example}")
+    out: dict[str, dict[int, int]] = {}
+    for topic, parts in value.items():
+        if not isinstance(parts, dict) or not parts:
+            raise OptionError(name, f"topic {topic!r} must map partition numbers to values, e.g. {example}")
+        out[topic] = {}
+        for p, v in parts.items():
+            if not str(p).lstrip("-").isdigit() or int(p) < 0 or isinstance(v, bool) or not isinstance(v, int):
+                raise OptionError(name, f"topic {topic!r}: {p!r}: {v!r} is not partition: integer, e.g. {example}")
+            out[topic][int(p)] = v
+    return out
+
+
+@dataclass(frozen=True)
+class KafkaSourceOptions:
+    """The source's checked options (picklable; its client settings travel to executors).
+
+    Attributes:
+        client_config: librdkafka settings (the ``kafka.*`` options without the prefix).
+        subscribe: topics of ``subscribe``, or empty.
+        pattern: the compiled-checked ``subscribePattern`` text, or None.
+        assign: topic → partitions of ``assign``, or None.
+        starting: "earliest", "latest", "group", or topic → partition → offset (-2/-1).
+        starting_timestamp: one timestamp for every partition, or None.
+        starting_by_timestamp: topic → partition → timestamp, or None.
+    """
+
+    client_config: dict[str, str]
+    subscribe: tuple[str, ...] = ()
+    pattern: str | None = None
+    assign: dict[str, tuple[int, ...]] | None = None
+    starting: str | dict[str, dict[int, int]] = "latest"
+    starting_timestamp: int | None = None
+    starting_by_timestamp: dict[str, dict[int, int]] | None = None
+    timestamp_strategy: str = "error"
+    max_offsets_per_trigger: int | None = None
+    min_partitions: int | None = None
+    fail_on_data_loss: bool = True
+    include_headers: bool = False
+    poll_timeout_ms: int = 120_000
+    api_timeout_ms: int = 60_000
+    batch_rows: int = 10_000
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.client_config["bootstrap.servers"]
+
+    @property
+    def group_id(self) -> str | None:
+        return self.client_config.get("group.id") or None
+
+    @property
+    def read_committed(self) -> bool:
+        return self.client_config.get("isolation.level", "read_committed") == "read_committed"
+
+    def strategy(self) -> str:
+        """The subscription option in use, for messages: ``subscribe``, ``subscribePattern`` or ``assign``."""
+        return "subscribe" if self.subscribe else "subscribePattern" if self.pattern else "assign"
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> KafkaSourceOptions:
+        """Parses Spark's (case-insensitive) option map.
+
+        Raises:
+            OptionError: naming the first bad option and the valid choices.
+        """
+        opts = {k.lower(): v for k, v in options.items()}
+        for key in opts:
+            if key in _RESERVED:
+                raise OptionError(key, f"cannot be set for the lastagent-kafka source: {_RESERVED[key]}")
+            if key not in _KNOWN and not key.startswith("kafka.") and key != "path":
+                valid = ", ".join(sorted(k for k in SOURCE_OPTIONS if not k.startswith("kafka.")))
+                raise OptionError(key, f"unknown option for the lastagent-kafka source; valid options: {valid}, "
+                                       "and kafka.* consumer settings")
+        if not opts.get("kafka.bootstrap.servers", "").strip():
+            raise OptionError("kafka.bootstrap.servers", "is required, e.g. .option('kafka.bootstrap.servers', "
+                                                         "'host:9092')")
+        chosen = [k for k in ("subscribe", "subscribePattern", "assign") if opts.get(k.lower(), "").strip()]
+        if len(chosen) != 1:
+            got = " and ".join(chosen) if chosen else "none"
+            raise OptionError("subscribe", f"give exactly one of subscribe, subscribePattern, assign (got {got})")
+        subscribe: tuple[str, ...] = ()
+        pattern = assign = None
+        if chosen[0] == "subscribe":
+            subscribe = tuple(t.strip() for t in opts["subscribe"].split(",") if t.strip())
+            if not subscribe:
+                raise OptionError("subscribe", "lists no topic; give comma-separated topic names")
+        elif chosen[0] == "subscribePattern":
+            pattern = opts["subscribepattern"].strip()
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise OptionError("subscribePattern", f"{pattern!r} is not a valid regular expression: {e}") from None
+        else:
+            raw = _json(opts, "assign", '{"topicA":[0,1]}')
+            if (not isinstance(raw, dict) or not raw
+                    or not all(isinstance(v, list) and v and all(type(p) is int and p >= 0 for p in v)
+                               for v in raw.values())):
+                raise OptionError("assign", 'must be a JSON object of topic to partition list, e.g. {"topicA":[0,1]}')
+            assign = {t: tuple(sorted(set(ps))) for t, ps in raw.items()}
+
+        starting: str | dict[str, dict[int, int]] = str(opts.get("startingoffsets", "latest")).strip()
+        if starting.lower() in ("earliest", "latest", "group"):
+            starting = starting.lower()
+            if starting == "group" and not opts.get("kafka.group.id", "").strip():
+                raise OptionError("startingOffsets", "'group' needs 'kafka.group.id' (the group whose offsets to use)")
+        else:
+            example = '{"topicA":{"0":23,"1":-2}}'
+            if not starting.startswith("{"):
+                raise OptionError("startingOffsets", f"{starting!r} is not valid; give earliest, latest, group or "
+                                                     f"JSON such as {example}")
+            starting = _partition_map(_json(opts, "startingOffsets", example), "startingOffsets", example)
+            if any(v < -2 for parts in starting.values() for v in parts.values()):
+                raise OptionError("startingOffsets", "offsets must be >= 0, or -2 (earliest) or -1 (latest)")
+        by_ts = None
+        if opts.get("startingoffsetsbytimestamp", "").strip():
+            example = '{"topicA":{"0":1700000000000}}'
+            by_ts = _partition_map(_json(opts, "startingOffsetsByTimestamp", example),
+                                   "startingOffsetsByTimestamp", example)
+        ts_strategy = str(opts.get("startingoffsetsbytimestampstrategy", "error")).strip().lower()
+        if ts_strategy not in ("error", "latest"):
+            raise OptionError("startingOffsetsByTimestampStrategy", f"{ts_strategy!r} is not valid; give error or latest")
+        isolation = str(opts.get("kafka.isolation.level", "read_committed")).strip().lower()
+        if isolation not in _ISOLATION:
+            raise OptionError("kafka.isolation.level", f"{isolation!r} is not valid; give read_committed or "
+                                                       "read_uncommitted")
+        client = {k[len("kafka."):]: str(v) for k, v in opts.items() if k.startswith("kafka.")}
+        client["isolation.level"] = isolation
+        api_timeout = _int(opts, "kafka.default.api.timeout.ms", 1)
+        client.pop("default.api.timeout.ms", None)  # a Java client setting: ours, not librdkafka's
+        return cls(
+            client_config=client,
+            subscribe=subscribe,
+            pattern=pattern,
+            assign=assign,
+            starting=starting,
+            starting_timestamp=_int(opts, "startingTimestamp", 0),
+            starting_by_timestamp=by_ts,
+            timestamp_strategy=ts_strategy,
+            max_offsets_per_trigger=_int(opts, "maxOffsetsPerTrigger", 1),
+            min_partitions=_int(opts, "minPartitions", 1),
+            fail_on_data_loss=_bool(opts, "failOnDataLoss"),
+            include_headers=_bool(opts, "includeHeaders"),
+            poll_timeout_ms=_int(opts, "kafkaConsumer.pollTimeoutMs", 1) or 120_000,
+            api_timeout_ms=api_timeout or 60_000,
+            batch_rows=_int(opts, "maxRecordsPerArrowBatch", 1) or 10_000,
+        )
