@@ -1,0 +1,301 @@
+"""The epoch two-phase commit and its recovery, as pure rules. Pure: no I/O, runs on the driver.
+
+Events in, actions out (in the manner of h11): the caller reads the arbitration store, the
+broker and Spark's checkpoint, passes what it found to a function here, and carries out the
+returned actions in order — :class:`WriteDecision` (the last agent's one-phase Delta commit),
+:class:`CommitBranch` / :class:`RollbackBranch` (``EndTxn`` commit / abort of one Kafka
+transaction) and :class:`Fail` (stop the query with the reason). Nothing here touches Kafka,
+Delta or Spark, so the model check in ``tests/unit/test_protocol_model.py`` can run these very
+functions against simulated crashes.
+
+Carrying out actions:
+
+* ``WriteDecision`` comes first when present. If the store answers that another decider won
+  the epoch, drop the remaining actions and call :func:`decide_epoch` again with the winner's
+  branches as ``recorded``.
+* ``CommitBranch`` actions may run in parallel, in any order. A branch already committed counts
+  as done (``EndOutcome.COMMITTED``); a branch the broker ended otherwise (expired, fenced) is
+  the expired-decided hazard: fail naming link, epoch and branch.
+* ``RollbackBranch`` actions may run in parallel, after the commits.
+* ``Fail`` actions come last: carry out everything before them, then stop the query.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Union
+
+from lastagent.errors import LastAgentError
+
+# -- XA branch states ----------------------------------------------------------------------
+
+
+class BranchState(enum.Enum):
+    """The states of one XA branch (one Kafka transaction), after the X/Open XA state tables."""
+
+    ACTIVE = "active"  # started; the task is writing records
+    IDLE = "idle"  # ended (xa_end): no more work, not yet prepared
+    PREPARED = "prepared"  # records flushed inside the open transaction; handle captured
+    COMMITTED = "committed"
+    ROLLED_BACK = "rolled_back"
+    HEURISTIC_COMMIT = "heuristic_commit"  # the resource committed on its own
+    HEURISTIC_ROLLBACK = "heuristic_rollback"  # the resource rolled back on its own (Kafka's timeout)
+
+
+class Verb(enum.Enum):
+    """What can happen to a branch: the XA verbs, plus the resource's own decisions."""
+
+    START = "start"  # xa_start (also resume/join an idle branch)
+    END = "end"  # xa_end
+    PREPARE = "prepare"  # xa_prepare
+    COMMIT = "commit"  # xa_commit (two-phase)
+    COMMIT_ONE_PHASE = "commit_one_phase"  # xa_commit(TMONEPHASE): the last agent's way
+    ROLLBACK = "rollback"  # xa_rollback
+    FORGET = "forget"  # xa_forget: drop a heuristically completed branch
+    TIMEOUT = "timeout"  # the resource ends the branch on its own (Kafka: transaction.timeout.ms)
+    HEURISTIC_COMMIT = "heuristic_commit"  # the resource (or an operator) commits on its own
+
+
+_S = BranchState
+#: (state before, verb) → state after; ``None`` stands for "no such branch" (not started yet,
+#: or forgotten). Retried ends of a finished branch are no-ops: a branch already committed
+#: counts as done.
+TRANSITIONS: Mapping[tuple[BranchState | None, Verb], BranchState | None] = {
+    (None, Verb.START): _S.ACTIVE,
+    (_S.IDLE, Verb.START): _S.ACTIVE,
+    (_S.ACTIVE, Verb.END): _S.IDLE,
+    (_S.IDLE, Verb.PREPARE): _S.PREPARED,
+    (_S.IDLE, Verb.COMMIT_ONE_PHASE): _S.COMMITTED,
+    (_S.PREPARED, Verb.COMMIT): _S.COMMITTED,
+    (_S.PREPARED, Verb.ROLLBACK): _S.ROLLED_BACK,
+    (_S.ACTIVE, Verb.ROLLBACK): _S.ROLLED_BACK,
+    (_S.IDLE, Verb.ROLLBACK): _S.ROLLED_BACK,
+    (_S.COMMITTED, Verb.COMMIT): _S.COMMITTED,
+    (_S.ROLLED_BACK, Verb.ROLLBACK): _S.ROLLED_BACK,
+    (_S.ACTIVE, Verb.TIMEOUT): _S.ROLLED_BACK,
+    (_S.IDLE, Verb.TIMEOUT): _S.ROLLED_BACK,
+    (_S.PREPARED, Verb.TIMEOUT): _S.HEURISTIC_ROLLBACK,
+    (_S.PREPARED, Verb.HEURISTIC_COMMIT): _S.HEURISTIC_COMMIT,
+    (_S.HEURISTIC_ROLLBACK, Verb.FORGET): None,
+    (_S.HEURISTIC_COMMIT, Verb.FORGET): None,
+}
+
+
+class InvalidTransition(LastAgentError, ValueError):
+    """A verb that XA does not allow in the branch's current state."""
+
+    def __init__(self, state: BranchState | None, verb: Verb) -> None:
+        allowed = sorted(v.value for (s, v) in TRANSITIONS if s == state)
+        name = state.value if state is not None else "no branch"
+        super().__init__(f"XA branch in state {name!r} cannot {verb.value!r}; allowed: {', '.join(allowed) or 'none'}")
+        self.state = state
+        self.verb = verb
+
+
+def transition(state: BranchState | None, verb: Verb) -> BranchState | None:
+    """The branch state after ``verb``. Pure: no I/O, runs on the driver.
+
+    Args:
+        state: the current state, or None for a branch not started (or forgotten).
+        verb: what happens to it.
+
+    Returns:
+        The next state; None after FORGET.
+
+    Raises:
+        InvalidTransition: XA does not allow this verb in this state (e.g. commit of an
+            active or heuristically rolled back branch).
+    """
+    try:
+        return TRANSITIONS[(state, verb)]
+    except KeyError:
+        raise InvalidTransition(state, verb) from None
+
+
+# -- branches and actions -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Branch:
+    """Identity of one branch: the Kafka transaction a task attempt left open.
+
+    The transactional id alone is not enough: ids are reused across epochs, so the producer id
+    and producer epoch of the open transaction tell one transaction of the id from the next.
+    """
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+
+    @classmethod
+    def of(cls, handle: Any) -> "Branch":
+        """The branch of anything with ``transactional_id``, ``producer_id`` and ``producer_epoch``
+        (a ``BranchHandle``, an ``OpenTransaction``)."""
+        return cls(str(handle.transactional_id), int(handle.producer_id), int(handle.producer_epoch))
+
+
+@dataclass(frozen=True)
+class WriteDecision:
+    """Make the last-agent commit: the arbitration record of ``epoch`` naming ``branches``."""
+
+    epoch: int
+    branches: tuple[Branch, ...]
+
+
+@dataclass(frozen=True)
+class CommitBranch:
+    """End ``branch`` with commit; it is recorded in ``epoch``'s decision."""
+
+    branch: Branch
+    epoch: int
+
+
+@dataclass(frozen=True)
+class RollbackBranch:
+    """End ``branch`` with abort; no decision covers it (presumed abort)."""
+
+    branch: Branch
+
+
+@dataclass(frozen=True)
+class Fail:
+    """Stop the query: ``reason`` names link, epoch and branch and what to do."""
+
+    reason: str
+    epoch: int = -1
+    branch: Branch | None = None
+
+
+Action = Union[WriteDecision, CommitBranch, RollbackBranch, Fail]
+
+
+def _unique(branches: Iterable[Branch]) -> list[Branch]:
+    return list(dict.fromkeys(branches))
+
+
+def _finish(epoch: int, recorded: Sequence[Branch], others: Iterable[Branch]) -> list[Action]:
+    keep = _unique(recorded)
+    kept = set(keep)
+    actions: list[Action] = [CommitBranch(b, epoch) for b in keep]
+    actions += [RollbackBranch(b) for b in _unique(others) if b not in kept]
+    return actions
+
+
+# -- the epoch --------------------------------------------------------------------------------
+
+
+def decide_epoch(epoch: int, recorded: Sequence[Branch] | None, prepared: Sequence[Branch],
+                 open_branches: Sequence[Branch]) -> list[Action]:
+    """The sink's ``commit(messages, epoch)``: decide, then phase 2. Pure: no I/O, runs on the driver.
+
+    Precondition: :func:`recover` has completed since the query started, so no branch of an
+    older decided epoch is still open.
+
+    Args:
+        epoch: Spark's micro-batch id.
+        recorded: the branches of this epoch's arbitration record, or None when it has none.
+        prepared: the branches the tasks reported (their commit messages; read-only tasks left out).
+        open_branches: every open transaction of the link, as the broker lists it.
+
+    Returns:
+        When a record exists it stands: CommitBranch for each recorded branch, then
+        RollbackBranch for every other prepared or open branch. Otherwise WriteDecision(epoch,
+        prepared), then CommitBranch for each prepared branch, then RollbackBranch for every
+        other open branch (failed, lost or superseded task attempts).
+    """
+    if recorded is not None:
+        return _finish(epoch, recorded, [*prepared, *open_branches])
+    keep = tuple(_unique(prepared))
+    return [WriteDecision(epoch, keep), *_finish(epoch, keep, open_branches)]
+
+
+def abort_epoch(epoch: int, recorded: Sequence[Branch] | None, open_branches: Sequence[Branch],
+                reported: Sequence[Branch] = ()) -> list[Action]:
+    """The sink's ``abort(messages, epoch)``. Pure: no I/O, runs on the driver.
+
+    Args:
+        epoch: Spark's micro-batch id.
+        recorded: the branches of this epoch's arbitration record, or None.
+        open_branches: every open transaction of the link, as the broker lists it.
+        reported: the branches Spark passed to abort (those tasks that did finish).
+
+    Returns:
+        A record stands even on abort: commit its branches and roll back every other one.
+        Without a record (presumed abort): RollbackBranch for every reported and open branch.
+    """
+    if recorded is not None:
+        return _finish(epoch, recorded, [*reported, *open_branches])
+    return [RollbackBranch(b) for b in _unique([*reported, *open_branches])]
+
+
+def skip_task(epoch: int, newest_decided_epoch: int) -> bool:
+    """True when a task of ``epoch`` must write nothing: Spark re-runs an epoch already decided.
+
+    Pure: no I/O. ``newest_decided_epoch`` is the link's newest decided epoch read at query
+    start (-1 for none); the decided epoch's records are already in its recorded branches.
+    """
+    return epoch <= newest_decided_epoch
+
+
+# -- recovery --------------------------------------------------------------------------------
+
+
+def recover(spark_committed_through: int, decisions: Mapping[int, Sequence[Branch]],
+            open_branches: Sequence[Branch], committed: Collection[Branch] | None = None, *,
+            link: str = "") -> list[Action]:
+    """Recovery at query start (or from ``lastagent recover``). Pure: no I/O, runs on the driver.
+
+    Call it before any task of the restarted query runs (a task reuses transactional ids, and
+    a new producer on an id fences that id's open transaction). If the arbitration cannot be
+    read, do not call it: change nothing and retry at the next start.
+
+    Args:
+        spark_committed_through: the newest epoch in Spark's commit log (-1 for none); each of
+            those epochs finished phase 2 before Spark logged it.
+        decisions: epoch → branches of its arbitration record, for every record still kept.
+        open_branches: every open transaction of the link, as the broker lists it.
+        committed: the recorded branches of epochs newer than ``spark_committed_through``
+            that the broker reports ended *committed* (a describe after a commit whose answer
+            was lost). None when the caller cannot tell: those branches are then committed
+            again, and an ``EndTxn`` that does not come back as committed is the hazard.
+        link: the link's name, for the reasons of Fail actions.
+
+    Returns:
+        CommitBranch for every open branch recorded in any decision (oldest epoch first);
+        RollbackBranch for every other open branch (presumed abort); then, for each branch
+        recorded by a decision newer than ``spark_committed_through`` that is neither open nor
+        in ``committed``: Fail naming link, epoch and transactional id (the broker expired or
+        fenced a decided branch) — or, when ``committed`` is None, CommitBranch for it.
+    """
+    decided_in: dict[Branch, int] = {}
+    for epoch in sorted(decisions):
+        for b in decisions[epoch]:
+            decided_in.setdefault(b, epoch)
+    opened = _unique(open_branches)
+    open_set = set(opened)
+    actions: list[Action] = [CommitBranch(b, decided_in[b])
+                             for b in sorted((b for b in opened if b in decided_in), key=lambda b: decided_in[b])]
+    actions += [RollbackBranch(b) for b in opened if b not in decided_in]
+    fails: list[Action] = []
+    for epoch in sorted(e for e in decisions if e > spark_committed_through):
+        for b in _unique(decisions[epoch]):
+            if b in open_set or decided_in[b] != epoch:
+                continue
+            if committed is None:
+                actions.append(CommitBranch(b, epoch))
+            elif b not in committed:
+                fails.append(Fail(lost_branch_reason(link, epoch, b), epoch, b))
+    return actions + fails
+
+
+def lost_branch_reason(link: str, epoch: int, branch: Branch, detail: str = "") -> str:
+    """The message for a decided branch that cannot be committed any more (the expired-decided hazard)."""
+    why = detail or "the broker no longer holds it open and did not commit it (expired after " \
+                    "transaction.timeout.ms, or fenced by a new producer of the same id)"
+    return (f"link {link!r} epoch {epoch}: decided branch {branch.transactional_id} (producer id "
+            f"{branch.producer_id}, epoch {branch.producer_epoch}) was not committed: {why}. Its records are "
+            "missing from Kafka although the epoch is recorded as committed; raise kafka.transaction.timeout.ms, "
+            "and re-produce the epoch from the source (needs a deterministic query) or repair by hand "
+            "(lastagent recover).")

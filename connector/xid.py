@@ -1,0 +1,177 @@
+"""XA transaction ids and the link's naming scheme. Pure: no I/O, runs anywhere.
+
+An XID (X/Open XA, and AMQP's ``dtx`` domain) is a format id plus two byte strings: the
+global transaction id (gtrid, at most :data:`MAXGTRIDSIZE` bytes) and the branch qualifier
+(bqual, at most :data:`MAXBQUALSIZE` bytes). lastagent names them so:
+
+* gtrid = ``"<link>:<epoch>"`` (UTF-8): one global transaction per link and Spark epoch;
+* bqual = the branch's Kafka transactional.id (UTF-8), or a stable hash form when longer
+  than 64 bytes;
+* the epoch's global XID (the *gxid*, written in arbitration records) has an empty bqual.
+
+Transactional ids are bounded per link — ``lastagent-<link>-<partition>-<attempt>`` —
+and reused across epochs, never one fresh id per epoch. Every id of a link starts with
+:func:`id_prefix`, which is how recovery finds the link's open transactions on the broker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+from lastagent.errors import OptionError
+
+#: XA limits (xa.h): gtrid and bqual at most 64 bytes each.
+MAXGTRIDSIZE = 64
+MAXBQUALSIZE = 64
+#: lastagent's XID format id: ASCII "LAGT" (0x4C414754 = 1279346516).
+FORMAT_ID = 0x4C414754
+#: The largest epoch (Spark's batch id is a Java long).
+MAX_EPOCH = 2**63 - 1
+#: Longest link whose gtrid ``"<link>:<MAX_EPOCH>"`` still fits MAXGTRIDSIZE (44).
+MAX_LINK_LENGTH = MAXGTRIDSIZE - 1 - len(str(MAX_EPOCH))
+
+_PREFIX = "lastagent-"
+_HASHED = "sha256:"
+_LINK = re.compile(r"[A-Za-z0-9._-]+")
+_DECIMAL = re.compile(r"0|[1-9][0-9]*")
+_INT32 = (-(2**31), 2**31 - 1)
+
+
+@dataclass(frozen=True)
+class Xid:
+    """One XA transaction id.
+
+    Attributes:
+        format_id: the format identifier (a signed 32-bit number; -1 is XA's null XID and
+            is refused).
+        gtrid: global transaction id, 1 to 64 bytes.
+        bqual: branch qualifier, 0 to 64 bytes (empty for the epoch's global XID).
+
+    Raises:
+        ValueError: naming the part that is wrong and its limit.
+    """
+
+    format_id: int
+    gtrid: bytes
+    bqual: bytes
+
+    def __post_init__(self) -> None:
+        if isinstance(self.format_id, bool) or not isinstance(self.format_id, int):
+            raise ValueError(f"XID format_id must be an int, not {type(self.format_id).__name__}")
+        if not _INT32[0] <= self.format_id <= _INT32[1] or self.format_id == -1:
+            raise ValueError(f"XID format_id {self.format_id} must be a signed 32-bit number other than -1 "
+                             "(-1 is the null XID)")
+        for part, value, low, high in (("gtrid", self.gtrid, 1, MAXGTRIDSIZE), ("bqual", self.bqual, 0, MAXBQUALSIZE)):
+            if not isinstance(value, bytes):
+                raise ValueError(f"XID {part} must be bytes, not {type(value).__name__}")
+            if not low <= len(value) <= high:
+                raise ValueError(f"XID {part} is {len(value)} bytes; it must be {low} to {high} bytes "
+                                 f"(MAX{part.upper()}SIZE = {high})")
+
+    def to_text(self) -> str:
+        """The stable text form ``"<format id, decimal>:<gtrid hex>:<bqual hex>"`` (lower-case hex)."""
+        return f"{self.format_id}:{self.gtrid.hex()}:{self.bqual.hex()}"
+
+    @classmethod
+    def from_text(cls, text: str) -> "Xid":
+        """Parses :meth:`to_text`'s form; the exact inverse (only canonical text is accepted).
+
+        Raises:
+            ValueError: the text is not an XID's canonical text form.
+        """
+        parts = text.split(":") if isinstance(text, str) else []
+        if len(parts) != 3:
+            raise ValueError(f"{text!r} is not an XID text: expected '<format id>:<gtrid hex>:<bqual hex>'")
+        fmt, gtrid, bqual = parts
+        if not re.fullmatch(r"-?(0|[1-9][0-9]*)", fmt) or fmt == "-0":
+            raise ValueError(f"{text!r} is not an XID text: format id {fmt!r} is not a canonical decimal number")
+        for name, h in (("gtrid", gtrid), ("bqual", bqual)):
+            if not re.fullmatch(r"(?:[0-9a-f]{2})*", h):
+                raise ValueError(f"{text!r} is not an XID text: {name} {h!r} is not lower-case hex bytes")
+        return cls(int(fmt), bytes.fromhex(gtrid), bytes.fromhex(bqual))
+
+    @classmethod
+    def for_branch(cls, link: str, epoch: int, transactional_id: str) -> "Xid":
+        """The XID of one branch: gtrid ``"<link>:<epoch>"``, bqual the transactional id.
+
+        A transactional id longer than 64 UTF-8 bytes becomes ``"sha256:"`` + the first 57 hex
+        digits of its SHA-256 (64 bytes, stable across processes and versions).
+        """
+        return cls(FORMAT_ID, _gtrid(link, epoch), bqual_for(transactional_id))
+
+    @property
+    def gxid(self) -> "Xid":
+        """The global XID this branch belongs to (same format id and gtrid, empty bqual)."""
+        return Xid(self.format_id, self.gtrid, b"")
+
+
+def _gtrid(link: str, epoch: int) -> bytes:
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch <= MAX_EPOCH:
+        raise ValueError(f"epoch {epoch!r} must be an int from 0 to {MAX_EPOCH}")
+    return f"{link}:{epoch}".encode("utf-8")
+
+
+def bqual_for(transactional_id: str) -> bytes:
+    """The branch qualifier for a transactional id: its UTF-8 bytes, or a 64-byte hash form."""
+    raw = transactional_id.encode("utf-8")
+    if len(raw) <= MAXBQUALSIZE:
+        return raw
+    digest = hashlib.sha256(raw).hexdigest()
+    return (_HASHED + digest[: MAXBQUALSIZE - len(_HASHED)]).encode("ascii")
+
+
+def gxid_text(link: str, epoch: int) -> str:
+    """The text of the epoch's global XID (empty bqual), as written in arbitration records."""
+    return Xid(FORMAT_ID, _gtrid(link, epoch), b"").to_text()
+
+
+def id_prefix(link: str) -> str:
+    """Every transactional.id of the link starts with this; recovery lists open transactions by it.
+
+    The prefix of link ``a`` also prefixes link ``a-1``'s ids: filter listed ids with
+    :func:`parse_transactional_id` to keep only the link's own.
+    """
+    return f"{_PREFIX}{link}-"
+
+
+def transactional_id(link: str, partition: int, attempt: int) -> str:
+    """The branch id of one task attempt: ``lastagent-<link>-<partition>-<attempt>``.
+
+    Bounded per link (partitions × attempts) and reused across epochs.
+    """
+    return f"{id_prefix(link)}{partition}-{attempt}"
+
+
+def parse_transactional_id(link: str, tid: str) -> tuple[int, int] | None:
+    """(partition, attempt) when ``tid`` is exactly one of the link's branch ids, else None."""
+    prefix = id_prefix(link)
+    if not tid.startswith(prefix):
+        return None
+    parts = tid[len(prefix):].split("-")
+    if len(parts) != 2 or not all(_DECIMAL.fullmatch(p) for p in parts):
+        return None
+    return int(parts[0]), int(parts[1])
+
+
+def check_link(link: str) -> str:
+    """Validates a link name; returns it unchanged.
+
+    Letters, digits, '.', '_' and '-' only, 1 to :data:`MAX_LINK_LENGTH` (44) characters, so
+    the gtrid ``"<link>:<epoch>"`` fits XA's 64 bytes for any epoch up to 2**63-1.
+
+    Raises:
+        OptionError: for option ``link``, saying what is wrong and what would be right.
+    """
+    if not isinstance(link, str) or not link:
+        raise OptionError("link", "is empty; give a stable name of 1 to "
+                                  f"{MAX_LINK_LENGTH} letters, digits, '.', '_' or '-', e.g. 'orders-to-kafka'")
+    if not _LINK.fullmatch(link):
+        bad = sorted({c for c in link if not _LINK.fullmatch(c)})
+        raise OptionError("link", f"{link!r} has characters not allowed in a link name ({''.join(bad)!r}); "
+                                  "use only letters, digits, '.', '_' and '-'")
+    if len(link) > MAX_LINK_LENGTH:
+        raise OptionError("link", f"{link!r} is {len(link)} characters; at most {MAX_LINK_LENGTH} fit, so that "
+                                  f"the XA gtrid '<link>:<epoch>' stays within {MAXGTRIDSIZE} bytes")
+    return link

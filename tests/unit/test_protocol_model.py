@@ -1,0 +1,633 @@
+"""Exhaustive model check of the epoch protocol's rules (``lastagent.protocol``) under crashes.
+
+A small simulated world, all in memory:
+
+* a Kafka broker: transactions per transactional id with producer id and producer epoch; open,
+  committed or aborted; a new producer on an id fences the id (aborts its open transaction);
+  an end of a transaction moves the producer epoch (transaction protocol v2); ``EndTxn``
+  from any process by (transactional id, producer id, producer epoch), a retried commit
+  recognised as done;
+* the arbitration table: decide is atomic and idempotent per epoch (the first record stands);
+* Spark's checkpoint: offset log and commit log; the commit log gets N only after the sink's
+  commit(N) returned; a restarted query re-runs the newest epoch with logged offsets and no
+  commit;
+* a driver that carries out the actions the pure rules return, and tasks that write
+  deterministic records (epoch, task, i) into one branch each.
+
+Every mutating step of the world is a crash point. The check runs each scenario without a crash,
+with a crash at every step followed by a restart, and with a crash at every step of that restart
+(recovery included) followed by a second restart, for every order of the per-branch phase-2
+commits, and asserts DESIGN.md's invariants after each schedule (and the safety ones at each
+crash). Mutants of the rules must be caught by the same checker.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+
+from lastagent import protocol, xid
+from lastagent.protocol import (Branch, BranchState, CommitBranch, Fail, InvalidTransition, RollbackBranch, Verb,
+                                WriteDecision)
+
+pytestmark = pytest.mark.unit
+
+LINK = "model"
+PREFIX = xid.id_prefix(LINK)
+EPOCHS = 2
+TASKS = 3
+RECORDS = 2
+MAX_ATTEMPTS = 2  # Spark's spark.task.maxFailures in the model
+MAX_RUNS = 8  # restarts after which a schedule counts as making no progress
+
+ORDERS = list(itertools.permutations(range(TASKS)))  # phase-2 commit orders
+
+
+class Crash(Exception):
+    """The whole application dies (driver and executors); only durable state survives."""
+
+
+class QueryFailed(Exception):
+    """The driver stopped the query on purpose (a Fail action, a decided branch not committed)."""
+
+
+class TaskDied(Exception):
+    """One task attempt died mid-write; Spark retries it."""
+
+
+class Fenced(Exception):
+    """The broker refused a write from a fenced producer."""
+
+
+# -- the world ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Txn:
+    branch: Branch
+    epoch: int  # ghost: the Spark epoch its writer worked for (model-only knowledge)
+    records: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+class Broker:
+    """Kafka's transaction coordinator and one topic, reduced to what the protocol touches."""
+
+    def __init__(self) -> None:
+        self.producers: dict[str, list[int]] = {}  # tid -> [producer id, producer epoch]
+        self.open: dict[str, Txn] = {}
+        self.ended: dict[Branch, bool] = {}  # True: committed, False: aborted
+        self.txn_epoch: dict[Branch, int] = {}  # ghost: every transaction ever begun
+        self.log: list[tuple[int, int, int]] = []  # committed records, in commit order
+        self.committed: list[Txn] = []
+        self._next_pid = 1000
+
+    def init_producer(self, tid: str) -> Branch:
+        if tid in self.open:  # InitProducerId fences the id: its open transaction is aborted
+            self._end(self.open[tid], commit=False)
+        if tid not in self.producers:
+            self.producers[tid] = [self._next_pid, 0]
+            self._next_pid += 1
+        else:
+            self.producers[tid][1] += 1
+        pid, epoch = self.producers[tid]
+        return Branch(tid, pid, epoch)
+
+    def write(self, b: Branch, record: tuple[int, int, int], epoch: int) -> None:
+        if self.producers.get(b.transactional_id) != [b.producer_id, b.producer_epoch]:
+            raise Fenced(b)
+        txn = self.open.get(b.transactional_id)
+        if txn is None:
+            txn = self.open[b.transactional_id] = Txn(b, epoch)
+            self.txn_epoch[b] = epoch
+        txn.records.append(record)
+
+    def _end(self, txn: Txn, commit: bool) -> None:
+        tid = txn.branch.transactional_id
+        del self.open[tid]
+        self.ended[txn.branch] = commit
+        if commit:
+            self.log.extend(txn.records)
+            self.committed.append(txn)
+        self.producers[tid][1] += 1  # transaction protocol v2: the epoch moves at every end
+
+    def end_txn(self, b: Branch, commit: bool) -> str:
+        """EndTxn by handle, from any process; the outcome names as in ``kafka_xa.EndOutcome``."""
+        txn = self.open.get(b.transactional_id)
+        if txn is not None and txn.branch == b:
+            self._end(txn, commit)
+            return "committed" if commit else "rolled_back"
+        prior = self.ended.get(b)
+        if commit:
+            return "committed" if prior is True else "not_committed"
+        return "heuristic_commit" if prior is True else "rolled_back"
+
+    def expire(self, tid: str) -> None:
+        """transaction.timeout.ms passed: the broker aborts the open transaction."""
+        self._end(self.open[tid], commit=False)
+
+    def list_open(self, prefix: str) -> list[Branch]:
+        return [t.branch for tid, t in sorted(self.open.items()) if tid.startswith(prefix)]
+
+
+class Arbitration:
+    """The arbitration table: one atomic, idempotent decision per epoch (the link is fixed)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, tuple[Branch, ...]] = {}
+
+    def decide(self, epoch: int, branches: tuple[Branch, ...]) -> tuple[Branch, ...]:
+        return self.rows.setdefault(epoch, branches)
+
+
+class Checkpoint:
+    """Spark's offset log and commit log."""
+
+    def __init__(self) -> None:
+        self.offsets: set[int] = set()
+        self.commits: set[int] = set()
+
+
+class World:
+    """Durable state plus the crash schedule: ``crash_plan[i]`` is the step index (within the
+    i-th segment, a segment ending at a crash) before which the i-th crash happens."""
+
+    def __init__(self, crash_plan: tuple[int, ...] = ()) -> None:
+        self.broker = Broker()
+        self.arb = Arbitration()
+        self.ckpt = Checkpoint()
+        self.crash_plan = crash_plan
+        self.segment = 0
+        self.steps = 0
+        self.segment_steps: list[int] = []
+        self.trace: list[str] = []
+
+    def step(self, label: str) -> None:
+        if self.segment < len(self.crash_plan) and self.steps == self.crash_plan[self.segment]:
+            raise Crash(label)
+        self.steps += 1
+        self.trace.append(label)
+
+    def crashed(self) -> None:
+        self.segment_steps.append(self.steps)
+        self.trace.append("CRASH")
+        self.segment += 1
+        self.steps = 0
+
+
+# -- the driver: carries out the pure rules' actions ------------------------------------------------
+
+
+@dataclass
+class Rules:
+    """The protocol functions the driver uses; mutants replace one of them."""
+
+    recover: Callable = protocol.recover
+    decide_epoch: Callable = protocol.decide_epoch
+    abort_epoch: Callable = protocol.abort_epoch
+    skip_task: Callable = protocol.skip_task
+
+
+class Driver:
+    def __init__(self, world: World, order: tuple[int, ...], rules: Rules, tell_committed: bool) -> None:
+        self.w = world
+        self.order = order
+        self.rules = rules
+        self.tell_committed = tell_committed
+
+    def _open(self) -> list[Branch]:
+        return [b for b in self.w.broker.list_open(PREFIX)
+                if xid.parse_transactional_id(LINK, b.transactional_id) is not None]
+
+    def start(self) -> int:
+        """Recovery at query start; returns the newest decided epoch."""
+        sct = max(self.w.ckpt.commits, default=-1)
+        decisions = dict(self.w.arb.rows)
+        committed = None
+        if self.tell_committed:
+            committed = {b for e, bs in decisions.items() if e > sct for b in bs if self.w.broker.ended.get(b) is True}
+        self.carry_out(self.rules.recover(sct, decisions, self._open(), committed, link=LINK))
+        return max(decisions, default=-1)
+
+    def commit(self, epoch: int, messages: list[Branch | None]) -> None:
+        prepared = [m for m in messages if m is not None]
+        self.carry_out(self.rules.decide_epoch(epoch, self.w.arb.rows.get(epoch), prepared, self._open()))
+
+    def abort(self, epoch: int, messages: list[Branch | None]) -> None:
+        reported = [m for m in messages if m is not None]
+        self.carry_out(self.rules.abort_epoch(epoch, self.w.arb.rows.get(epoch), self._open(), reported))
+
+    def carry_out(self, actions: list) -> None:
+        commits = [a for a in actions if isinstance(a, CommitBranch)]
+        rank = sorted(range(len(commits)), key=lambda i: self.order[i] if i < len(self.order) else i)
+        permuted = iter([commits[i] for i in rank])
+        for a in [next(permuted) if isinstance(a, CommitBranch) else a for a in actions]:
+            if isinstance(a, WriteDecision):
+                self.w.step(f"decide e{a.epoch}")
+                standing = self.w.arb.decide(a.epoch, a.branches)
+                assert standing == a.branches, "one decider in the model: a fresh decision always wins"
+            elif isinstance(a, CommitBranch):
+                self.w.step(f"commit {a.branch.transactional_id}/{a.branch.producer_epoch} e{a.epoch}")
+                if self.w.broker.end_txn(a.branch, True) != "committed":
+                    raise QueryFailed(protocol.lost_branch_reason(LINK, a.epoch, a.branch))
+            elif isinstance(a, RollbackBranch):
+                self.w.step(f"rollback {a.branch.transactional_id}/{a.branch.producer_epoch}")
+                if self.w.broker.end_txn(a.branch, False) == "heuristic_commit":
+                    raise QueryFailed(f"rolled back a committed branch {a.branch}")
+            elif isinstance(a, Fail):
+                raise QueryFailed(a.reason)
+            else:
+                raise AssertionError(f"unknown action {a!r}")
+
+
+# -- Spark: the query and its tasks ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Task faults: (epoch, task, attempt) -> "die" (mid-write) or "lost" (prepared, result lost)."""
+
+    name: str
+    faults: dict[tuple[int, int, int], str]
+    first_run_only: bool = False
+
+    def fault(self, run: int, epoch: int, task: int, attempt: int) -> str | None:
+        if self.first_run_only and run > 0:
+            return None
+        return self.faults.get((epoch, task, attempt))
+
+
+VARIANTS = [
+    Variant("clean", {}),
+    Variant("task-retry", {(0, 1, 0): "die"}),
+    Variant("lost-result", {(1, 2, 0): "lost"}),
+    Variant("abort-then-restart", {(1, 0, 0): "die", (1, 0, 1): "die"}, first_run_only=True),
+    Variant("retries-in-both-epochs", {(0, 2, 0): "lost", (0, 0, 0): "die", (1, 1, 0): "die", (1, 2, 0): "lost"}),
+]
+
+
+def run_task(w: World, rules: Rules, epoch: int, task: int, attempt: int, newest: int,
+             fault: str | None) -> Branch | None:
+    if rules.skip_task(epoch, newest):
+        return None  # read-only: the decided epoch's records are in its recorded branches
+    tid = xid.transactional_id(LINK, task, attempt)
+    w.step(f"e{epoch} t{task}.{attempt} init")
+    b = w.broker.init_producer(tid)
+    for i in range(RECORDS):
+        w.step(f"e{epoch} t{task}.{attempt} write {i}")
+        w.broker.write(b, (epoch, task, i), epoch)
+        if fault == "die":
+            raise TaskDied()
+    return b  # prepared: flushed inside the open transaction; the handle is the commit message
+
+
+def run_query(w: World, variant: Variant, run: int, order: tuple[int, ...], rules: Rules, tell_committed: bool) -> str:
+    driver = Driver(w, order, rules, tell_committed)
+    newest = driver.start()
+    ckpt = w.ckpt
+    committed_through = max(ckpt.commits, default=-1)
+    latest = max(ckpt.offsets, default=-1)
+    epoch = latest if latest > committed_through else committed_through + 1
+    while epoch < EPOCHS:
+        if epoch not in ckpt.offsets:
+            w.step(f"offsets e{epoch}")
+            ckpt.offsets.add(epoch)
+        messages: list[Branch | None] = []
+        for task in range(TASKS):
+            attempt = 0
+            while True:
+                fault = variant.fault(run, epoch, task, attempt)
+                try:
+                    m = run_task(w, rules, epoch, task, attempt, newest, fault)
+                except TaskDied:
+                    attempt += 1
+                    if attempt == MAX_ATTEMPTS:
+                        driver.abort(epoch, messages)
+                        return "aborted"
+                    continue
+                if fault == "lost":  # executor lost after the prepare: Spark runs the task again
+                    attempt += 1
+                    continue
+                messages.append(m)
+                break
+        driver.commit(epoch, messages)
+        w.step(f"commit log e{epoch}")
+        ckpt.commits.add(epoch)
+        epoch += 1
+    return "done"
+
+
+# -- invariants ----------------------------------------------------------------------------------
+
+
+def check_safety(w: World) -> list[str]:
+    """What must hold at every instant, crashes included."""
+    out = []
+    b, rows = w.broker, w.arb.rows
+    for txn in b.committed:
+        if txn.branch not in rows.get(txn.epoch, ()):
+            out.append(f"branch {txn.branch} of epoch {txn.epoch} committed without that epoch's decision")
+    for epoch, branches in rows.items():
+        for br in branches:
+            if b.txn_epoch.get(br) != epoch:
+                out.append(f"decision of epoch {epoch} records {br}, written for epoch {b.txn_epoch.get(br)}")
+    dup = [r for r, n in Counter(b.log).items() if n > 1]
+    if dup:
+        out.append(f"records committed more than once: {sorted(dup)}")
+    for epoch in w.ckpt.commits:
+        if epoch not in rows or not all(b.ended.get(br) is True for br in rows[epoch]):
+            out.append(f"Spark logged epoch {epoch} as committed before its decided branches all committed")
+    return out
+
+
+def check_final(w: World) -> list[str]:
+    """DESIGN.md's invariants once the query has run to its end."""
+    out = check_safety(w)
+    b, rows = w.broker, w.arb.rows
+    if w.ckpt.commits != set(range(EPOCHS)):
+        out.append(f"Spark committed epochs {sorted(w.ckpt.commits)}, expected {list(range(EPOCHS))}")
+    for epoch in range(EPOCHS):  # atomicity
+        if epoch in rows:
+            lost = [br for br in rows[epoch] if b.ended.get(br) is not True]
+            if lost:
+                out.append(f"atomicity: epoch {epoch} decided but branches {lost} not committed")
+        elif any(t.epoch == epoch for t in b.committed):
+            out.append(f"atomicity: epoch {epoch} undecided but has committed branches")
+    expected = Counter((e, t, i) for e in range(EPOCHS) for t in range(TASKS) for i in range(RECORDS))
+    got = Counter(b.log)
+    if got != expected:
+        out.append(f"exactly once: missing {sorted(expected - got)}, extra {sorted(got - expected)}")
+    still_open = b.list_open(PREFIX)
+    if still_open:
+        out.append(f"progress: branches still open after the final recovery: {still_open}")
+    return out
+
+
+@dataclass
+class Outcome:
+    world: World
+    violations: list[str]
+
+
+def simulate(variant: Variant, order: tuple[int, ...], crash_plan: tuple[int, ...] = (), rules: Rules | None = None,
+             tell_committed: bool = True, between_runs: Callable[[World], None] | None = None) -> Outcome:
+    """Runs the query, restarting after every crash or abort, until it finishes or fails."""
+    rules = rules or Rules()
+    w = World(crash_plan)
+    violations: list[str] = []
+    for run in range(MAX_RUNS):
+        if run and between_runs:
+            between_runs(w)
+        try:
+            status = run_query(w, variant, run, order, rules, tell_committed)
+        except Crash as crash:
+            violations += [f"at crash before '{crash}': {v}" for v in check_safety(w)]
+            w.crashed()
+            continue
+        except QueryFailed as failed:
+            violations.append(f"query failed: {failed}")
+            w.segment_steps.append(w.steps)
+            return Outcome(w, violations)
+        except (Fenced, AssertionError) as exc:
+            violations.append(f"model error: {exc!r}")
+            w.segment_steps.append(w.steps)
+            return Outcome(w, violations)
+        if status == "done":
+            if w.segment < len(crash_plan) and crash_plan[w.segment] == w.steps:
+                w.crashed()  # a crash after the last step: the restart must change nothing
+                continue
+            w.segment_steps.append(w.steps)
+            return Outcome(w, violations + check_final(w))
+    violations.append(f"no progress after {MAX_RUNS} runs")
+    w.segment_steps.append(w.steps)
+    return Outcome(w, violations)
+
+
+def explore(variant: Variant, order: tuple[int, ...], depth: int = 2,
+            **kw) -> tuple[int, list[tuple[tuple[int, ...], str]]]:
+    """Every crash schedule up to ``depth`` crashes: (schedules run, [(crash plan, violation)])."""
+    found: list[tuple[tuple[int, ...], str]] = []
+    count = 0
+    frontier: list[tuple[int, ...]] = [()]
+    for level in range(depth + 1):
+        nxt = []
+        for plan in frontier:
+            result = simulate(variant, order, plan, **kw)
+            count += 1
+            found += [(plan, v) for v in result.violations]
+            if level < depth and not result.violations:
+                # the segment after the last crash in this plan: crash before each of its steps,
+                # and after its last one
+                nxt += [plan + (k,) for k in range(result.world.segment_steps[len(plan)] + 1)]
+        frontier = nxt
+    return count, found
+
+
+# -- the exhaustive check ---------------------------------------------------------------------------
+
+
+def test_exhaustive_crash_schedules_keep_the_invariants():
+    t0 = time.monotonic()
+    total = 0
+    per_variant = {}
+    for variant in VARIANTS:
+        n = 0
+        for order in ORDERS:
+            count, found = explore(variant, order, depth=2, tell_committed=True)
+            assert not found, f"{variant.name} order {order}: {found[:5]}"
+            n += count
+        # and once per variant with the caller unable to tell committed from lost (re-commit path)
+        count, found = explore(variant, ORDERS[-1], depth=2, tell_committed=False)
+        assert not found, f"{variant.name} without committed info: {found[:5]}"
+        per_variant[variant.name] = n + count
+        total += n + count
+    elapsed = time.monotonic() - t0
+    print(f"\nmodel check: {total} schedules in {elapsed:.1f}s; per variant {per_variant}")
+    # floor: a clean run is 30 steps, so each order gives 31 single-crash plans and ~31 x 30
+    # double-crash plans (~1,000); 7 passes per variant give ~4,700 or more.
+    assert total > 20_000, per_variant
+    assert all(n > 4_000 for n in per_variant.values()), per_variant
+
+
+def test_no_crash_run_shape():
+    """Sanity of the model: a clean run decides each epoch with exactly its three branches."""
+    out = simulate(VARIANTS[0], ORDERS[0])
+    assert out.violations == []
+    w = out.world
+    assert sorted(w.arb.rows) == [0, 1] and all(len(bs) == TASKS for bs in w.arb.rows.values())
+    assert w.broker.log and not w.broker.open
+    assert w.trace[:2] == ["offsets e0", "e0 t0.0 init"]
+    assert w.segment_steps[0] >= 30
+
+
+def test_the_lost_result_branch_is_rolled_back_not_committed():
+    out = simulate(VARIANTS[2], ORDERS[0])
+    assert out.violations == []
+    w = out.world
+    stale = [br for br, committed in w.broker.ended.items() if w.broker.txn_epoch[br] == 1 and not committed]
+    assert [s.transactional_id for s in stale] == [xid.transactional_id(LINK, 2, 0)]
+
+
+# -- the decided-but-expired hazard ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tell_committed", [True, False])
+def test_expired_decided_branch_fails_naming_link_epoch_and_branch(tell_committed):
+    clean = simulate(VARIANTS[0], ORDERS[0])
+    crash_at = clean.world.trace.index("decide e0") + 2  # decided, one branch committed, then crash
+    expired: list[Branch] = []
+
+    def expire_one(w: World) -> None:
+        if not expired:
+            victim = next(br for br in w.arb.rows[0] if br.transactional_id in w.broker.open)
+            w.broker.expire(victim.transactional_id)
+            expired.append(victim)
+
+    out = simulate(VARIANTS[0], ORDERS[0], (crash_at,), tell_committed=tell_committed, between_runs=expire_one)
+    assert len(out.violations) == 1, out.violations
+    msg = out.violations[0]
+    assert msg.startswith("query failed: ")
+    assert f"link {LINK!r} epoch 0" in msg and expired[0].transactional_id in msg
+    assert "transaction.timeout.ms" in msg
+
+
+# -- mutants: the checker must catch broken rules ------------------------------------------------------
+
+
+def _recover_rolls_back_decided(sct, decisions, open_branches, committed=None, *, link=""):
+    return [RollbackBranch(b) for b in open_branches]
+
+
+def _recover_commits_every_open_branch(sct, decisions, open_branches, committed=None, *, link=""):
+    return [CommitBranch(b, sct + 1) for b in open_branches]
+
+
+def _recover_ignores_lost_decided(sct, decisions, open_branches, committed=None, *, link=""):
+    return [a for a in protocol.recover(sct, decisions, open_branches, committed, link=link)
+            if not isinstance(a, Fail)]
+
+
+def _decide_commits_before_the_decision(epoch, recorded, prepared, open_branches):
+    actions = protocol.decide_epoch(epoch, recorded, prepared, open_branches)
+    decision = [a for a in actions if isinstance(a, WriteDecision)]
+    return [a for a in actions if not isinstance(a, WriteDecision)] + decision
+
+
+def _decide_keeps_stale_attempts(epoch, recorded, prepared, open_branches):
+    return [a for a in protocol.decide_epoch(epoch, recorded, prepared, open_branches)
+            if not isinstance(a, RollbackBranch)]
+
+
+def _decide_ignores_the_record(epoch, recorded, prepared, open_branches):
+    # treats a re-run of a decided epoch as fresh: commits the new attempts without a record
+    return protocol.decide_epoch(epoch, None, prepared, open_branches)[1:] if recorded is not None else \
+        protocol.decide_epoch(epoch, None, prepared, open_branches)
+
+
+@pytest.mark.parametrize("name, rules, variant", [
+    ("recover rolls back decided branches", Rules(recover=_recover_rolls_back_decided), VARIANTS[0]),
+    ("recover commits undecided branches", Rules(recover=_recover_commits_every_open_branch), VARIANTS[0]),
+    ("decide commits before the decision", Rules(decide_epoch=_decide_commits_before_the_decision), VARIANTS[0]),
+    ("decide leaves stale attempts open", Rules(decide_epoch=_decide_keeps_stale_attempts), VARIANTS[2]),
+    ("re-run decided epoch writes and commits again",
+     Rules(decide_epoch=_decide_ignores_the_record, skip_task=lambda epoch, newest: False), VARIANTS[0]),
+])
+def test_mutants_are_caught(name, rules, variant):
+    count, found = explore(variant, ORDERS[0], depth=1, rules=rules)
+    assert found, f"mutant '{name}' survived {count} schedules: the checker cannot fail"
+
+
+def test_a_silent_expired_branch_is_caught():
+    """A recover that drops the Fail lets the query finish with a decided branch's records missing."""
+    clean = simulate(VARIANTS[0], ORDERS[0])
+    crash_at = clean.world.trace.index("decide e0") + 2
+
+    def expire_one(w: World) -> None:
+        for br in w.arb.rows[0]:
+            if br.transactional_id in w.broker.open:
+                w.broker.expire(br.transactional_id)
+                return
+
+    out = simulate(VARIANTS[0], ORDERS[0], (crash_at,), rules=Rules(recover=_recover_ignores_lost_decided),
+                   between_runs=expire_one)
+    # the decided epoch's re-run commit still meets the lost branch, or the final check sees it
+    assert any("was not committed" in v or "atomicity" in v or "exactly once" in v for v in out.violations), \
+        out.violations
+
+
+# -- the pure rules, directly ---------------------------------------------------------------------------
+
+
+def _b(i: int, epoch: int = 0) -> Branch:
+    return Branch(xid.transactional_id(LINK, i, 0), 1000 + i, epoch)
+
+
+def test_xa_transitions():
+    s = None
+    for verb in (Verb.START, Verb.END, Verb.PREPARE, Verb.COMMIT, Verb.COMMIT):
+        s = protocol.transition(s, verb)
+    assert s is BranchState.COMMITTED
+    assert protocol.transition(BranchState.ACTIVE, Verb.ROLLBACK) is BranchState.ROLLED_BACK
+    assert protocol.transition(BranchState.IDLE, Verb.ROLLBACK) is BranchState.ROLLED_BACK
+    assert protocol.transition(BranchState.PREPARED, Verb.ROLLBACK) is BranchState.ROLLED_BACK
+    assert protocol.transition(BranchState.IDLE, Verb.COMMIT_ONE_PHASE) is BranchState.COMMITTED
+    assert protocol.transition(BranchState.PREPARED, Verb.TIMEOUT) is BranchState.HEURISTIC_ROLLBACK
+    assert protocol.transition(BranchState.HEURISTIC_ROLLBACK, Verb.FORGET) is None
+    for state, verb in [(None, Verb.COMMIT), (BranchState.ACTIVE, Verb.COMMIT), (BranchState.ACTIVE, Verb.PREPARE),
+                        (BranchState.HEURISTIC_ROLLBACK, Verb.COMMIT), (BranchState.COMMITTED, Verb.ROLLBACK),
+                        (BranchState.ROLLED_BACK, Verb.COMMIT), (BranchState.PREPARED, Verb.START)]:
+        with pytest.raises(InvalidTransition, match="cannot"):
+            protocol.transition(state, verb)
+    # every state is reachable from "no branch"
+    reached, todo = set(), [None]
+    while todo:
+        s = todo.pop()
+        for (src, _), dst in protocol.TRANSITIONS.items():
+            if src == s and dst is not None and dst not in reached:
+                reached.add(dst)
+                todo.append(dst)
+    assert reached == set(BranchState)
+
+
+def test_decide_epoch_fresh_and_standing():
+    a, b, stale = _b(0), _b(1), _b(2)
+    assert protocol.decide_epoch(5, None, [a, b], [a, b, stale]) == [
+        WriteDecision(5, (a, b)), CommitBranch(a, 5), CommitBranch(b, 5), RollbackBranch(stale)]
+    new = _b(3)
+    assert protocol.decide_epoch(5, (a, b), [new], [b, new, stale]) == [
+        CommitBranch(a, 5), CommitBranch(b, 5), RollbackBranch(new), RollbackBranch(stale)]
+    assert protocol.decide_epoch(5, None, [], []) == [WriteDecision(5, ())]
+
+
+def test_abort_epoch():
+    a, b, c = _b(0), _b(1), _b(2)
+    assert protocol.abort_epoch(3, None, [a, b], reported=[c, a]) == [
+        RollbackBranch(c), RollbackBranch(a), RollbackBranch(b)]
+    assert protocol.abort_epoch(3, (a,), [a, b]) == [CommitBranch(a, 3), RollbackBranch(b)]
+
+
+def test_recover_rules():
+    d0, d1, d2, undecided, gone = _b(0, 7), _b(1, 9), _b(2, 9), _b(3, 4), _b(4, 9)
+    decisions = {4: (d0,), 5: (d1, d2, gone)}
+    actions = protocol.recover(4, decisions, [undecided, d2, d1], committed={d1}, link=LINK)
+    assert actions[:3] == [CommitBranch(d2, 5), CommitBranch(d1, 5), RollbackBranch(undecided)]
+    assert len(actions) == 4 and isinstance(actions[3], Fail)
+    fail = actions[3]
+    assert fail.epoch == 5 and fail.branch == gone
+    assert f"link {LINK!r} epoch 5" in fail.reason and gone.transactional_id in fail.reason
+    # the caller cannot tell committed from lost: re-commit, and the EndTxn outcome decides
+    assert protocol.recover(4, decisions, [], committed=None) == [CommitBranch(d1, 5), CommitBranch(d2, 5),
+                                                                   CommitBranch(gone, 5)]
+    # epochs Spark already committed are done: their branches are never re-examined
+    assert protocol.recover(5, decisions, [], committed=set()) == []
+    assert protocol.recover(-1, {}, [], committed=set()) == []
+
+
+def test_skip_task():
+    assert protocol.skip_task(3, 3) and protocol.skip_task(2, 3)
+    assert not protocol.skip_task(4, 3) and not protocol.skip_task(0, -1)
+    assert Branch.of(_b(1)) == _b(1)
