@@ -18,10 +18,14 @@ class KafkaDataSource(DataSource):
 
     def streamReader(self, schema):  # noqa: ANN001, ANN201, N802 — Spark's API
         """Driver: the source's reader; options are checked here, once, at query start."""
-        from lastagent.sources.kafka_source import KafkaStreamReader
+        from lastagent.errors import LastAgentError
+        from lastagent.sources.kafka_source import FailedStreamReader, KafkaStreamReader
         from lastagent.sources.kafka_source_options import KafkaSourceOptions
 
-        return KafkaStreamReader(KafkaSourceOptions.parse(self.options))
+        try:
+            return KafkaStreamReader(KafkaSourceOptions.parse(self.options))
+        except LastAgentError as e:
+            return FailedStreamReader(e)
 
     def streamWriter(self, schema, overwrite):  # noqa: ANN001, ANN201, N802 — Spark's API
         """Driver: the exactly-once sink's writer (pickled to executors for ``write``)."""

@@ -94,6 +94,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._offsets: OffsetReader | None = OffsetReader(options)
         self._available_now: dict[TP, int] | None = None
         self._latest: dict[TP, int] = {}
+        self._group_committed: dict[TP, int] = {}
         self._known = set(self.offsets.partitions(must_exist=True))
 
     @property
@@ -178,6 +179,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # noqa: N802 — Spark's API
         """The end of the next batch: latest (stable) offsets, new partitions from earliest, rate-limited."""
         begin = from_json(start)
+        # Spark asks for the next batch's end only once the previous batch is done (and calls
+        # commit() only when a next batch starts): report the finished position to the group now.
+        self._commit_group(begin)
         tps = self.offsets.partitions()
         new = [tp for tp in tps if tp not in begin]
         if new:
@@ -198,9 +202,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> list[KafkaInputPartition]:
         """One task per offset range (split further under minPartitions)."""
         begin, until = from_json(start), from_json(end)
-        for tp in until:
-            # A partition first seen in this batch starts at its earliest offset.
-            begin.setdefault(tp, until[tp])
+        new = [tp for tp in until if tp not in begin]
+        if new:
+            # A partition first seen in this batch is read from its earliest offset (as Spark's
+            # kafka source does); found only now, so records already gone are data loss.
+            earliest = self.offsets.earliest(new)
+            begin.update(check_loss({tp: 0 for tp in new}, earliest, self.options.fail_on_data_loss))
         ranges = plan_ranges(begin, until, self.options.min_partitions)
         return [KafkaInputPartition(r, self.options) for r in ranges]
 
@@ -209,15 +216,41 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return read_range(partition.range, partition.options)
 
     def commit(self, end: dict) -> None:
-        """After each batch: commits its end offsets to ``kafka.group.id``, if set (for lag tools only)."""
-        if not self.options.group_id:
+        """Spark is done with offsets up to ``end``: reports them to ``kafka.group.id``, if set."""
+        self._commit_group(from_json(end))
+
+    def _commit_group(self, offsets: dict[TP, int]) -> None:
+        """Commits processed offsets to the group, for lag tools only: correctness never reads them."""
+        if not self.options.group_id or not offsets or offsets == self._group_committed:
             return
         try:
-            self.offsets.commit_group(from_json(end))
+            self.offsets.commit_group(offsets)
+            self._group_committed = dict(offsets)
         except KafkaProtocolError as e:
             # Offsets live in Spark's checkpoint; a failed group commit only delays lag reports.
             log.warning("could not commit offsets to group %s (progress is safe in the checkpoint): %s",
                         self.options.group_id, e)
+
+
+class FailedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Stands in for a reader whose start-up checks failed; raises that error at Spark's first call.
+
+    Driver side. pyspark 4.2's source runner calls ``reader.stop()`` in a ``finally`` even when
+    the reader's constructor raised, so an error raised there reaches the user as an
+    ``UnboundLocalError``; raised from the first method call instead, it arrives whole.
+    """
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def _raise(self, *_: Any) -> Any:
+        raise self.error
+
+    initialOffset = latestOffset = getDefaultReadLimit = prepareForTriggerAvailableNow = _raise  # noqa: N815
+    reportLatestOffset = partitions = read = commit = _raise  # noqa: N815
+
+    def stop(self) -> None:
+        return None
 
 
 # -- executor side ------------------------------------------------------------------------

@@ -10,6 +10,7 @@ Every error names the option and what would be right.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Mapping
@@ -164,13 +165,16 @@ class KafkaSourceOptions:
             OptionError: naming the first bad option and the valid choices.
         """
         opts = {k.lower(): v for k, v in options.items()}
-        for key in opts:
+        for given in options:
+            key = given.lower()
             if key in _RESERVED:
-                raise OptionError(key, f"cannot be set for the lastagent-kafka source: {_RESERVED[key]}")
+                raise OptionError(given, f"cannot be set for the lastagent-kafka source: {_RESERVED[key]}")
             if key not in _KNOWN and not key.startswith("kafka.") and key != "path":
                 valid = ", ".join(sorted(k for k in SOURCE_OPTIONS if not k.startswith("kafka.")))
-                raise OptionError(key, f"unknown option for the lastagent-kafka source; valid options: {valid}, "
-                                       "and kafka.* consumer settings")
+                near = difflib.get_close_matches(key, list(_KNOWN), n=1)
+                hint = f"did you mean '{_KNOWN[near[0]]}'? " if near else ""
+                raise OptionError(given, f"unknown option for the lastagent-kafka source; {hint}valid options: "
+                                         f"{valid}, and kafka.* consumer settings")
         if not opts.get("kafka.bootstrap.servers", "").strip():
             raise OptionError("kafka.bootstrap.servers", "is required, e.g. .option('kafka.bootstrap.servers', "
                                                          "'host:9092')")
