@@ -60,5 +60,8 @@ bench: setup kafka-up
 	cd bench && ../$(PYTHON) source_bench.py | tee ../.cache/bench-source.json
 	cd bench && ../$(PYTHON) sink_bench.py | tee ../.cache/bench-sink.json
 
+docs: setup
+	$(PYTHON) -m lastagent.options_doc > docs/options.md
+
 clean:
 	rm -rf $(VENV) .cache build *.egg-info

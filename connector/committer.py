@@ -12,10 +12,11 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from lastagent import faults
+from lastagent import faults, protocol, xid
 from lastagent.arbitration import ArbitrationRecord, DeltaArbitrationStore
 from lastagent.errors import LastAgentError, OptionError
 from lastagent.kafka_xa import BranchHandle, EndOutcome, EndResult, KafkaXAResource
+from lastagent.protocol import Branch, CommitBranch, RollbackBranch
 
 log = logging.getLogger("lastagent.committer")
 
@@ -76,14 +77,15 @@ class Committer:
             )
 
     def start(self) -> int:
-        """Recovery at query start: finishes the newest decided epoch if Spark did not commit it.
+        """Recovery at query start, before any task runs (:func:`lastagent.protocol.recover`).
 
-        Spark writes its commit log for epoch N only after the sink's commit(N) returned, that
-        is after N's phase 2; and it runs N+1's tasks only after that. So when the checkpoint
-        lacks N, N's branches may still be open — and no later task has reused their ids yet —
-        so they are committed now, before any task starts. A recorded branch that the broker
-        already ended otherwise (expired) raises :class:`DecidedBranchLostError`. Open branches
-        of undecided epochs are left to the in-flight epoch's commit or abort (presumed abort).
+        Every open transaction of the link is listed from the broker. One recorded in a kept
+        decision is committed — e.g. the newest decided epoch when the crash came before Spark's
+        commit log; a recorded branch of an epoch Spark has not logged that is no longer open
+        is committed again, and one the broker ended otherwise (expired) raises
+        :class:`DecidedBranchLostError`. Every other open branch is rolled back (presumed
+        abort). This must run before tasks start: a task reuses transactional ids, and a new
+        producer on an id aborts that id's open transaction.
 
         Returns:
             The newest decided epoch of the link (-1 for none): re-run tasks of an epoch at or
@@ -91,28 +93,26 @@ class Committer:
         """
         self.check()
         latest = self.store.latest_epoch(self.link)
-        if latest is None:
-            return -1
-        if spark_committed_through(self.options.checkpoint_location) < latest:
-            record = self.store.get(self.link, latest)
+        decisions = {r.epoch: r for r in self.store.records(self.link)} if latest is not None else {}
+        handles = {Branch.of(h): h for r in decisions.values() for h in map(BranchHandle.from_json, r.branches)}
+        open_now = self._open()
+        handles.update((Branch.of(t), t.handle()) for t in open_now)
+        actions = protocol.recover(
+            spark_committed_through(self.options.checkpoint_location),
+            {e: tuple(Branch.of(BranchHandle.from_json(b)) for b in r.branches) for e, r in decisions.items()},
+            [Branch.of(t) for t in open_now], committed=None, link=self.link)
+        if actions:
+            log.warning("link %s: recovery at start: %d branch(es) to commit, %d to roll back", self.link,
+                        sum(isinstance(a, CommitBranch) for a in actions),
+                        sum(isinstance(a, RollbackBranch) for a in actions))
             faults.point("in_recovery")
-            if record is not None and record.branches:
-                log.warning("link %s: epoch %d is decided but not in Spark's commit log; completing its "
-                            "%d branch(es)", self.link, latest, len(record.branches))
-                self._phase2(record)
-        return latest
+            self._carry_out(actions, handles)
+        return -1 if latest is None else latest
 
-    def _decided_branches(self, open_ids: set[str]) -> dict[tuple[str, int, int], int]:
-        """(transactional id, producer id, epoch) → Spark epoch, for every branch of every kept decision."""
-        if not open_ids:
-            return {}
-        out: dict[tuple[str, int, int], int] = {}
-        for record in self.store.records(self.link):
-            for text in record.branches:
-                h = BranchHandle.from_json(text)
-                if h.transactional_id in open_ids:
-                    out[(h.transactional_id, h.producer_id, h.producer_epoch)] = record.epoch
-        return out
+    def _open(self) -> list[Any]:
+        """The link's open transactions; ids of another link that shares the prefix are not ours."""
+        return [t for t in self.xa.recover(self.options.id_prefix)
+                if xid.parse_transactional_id(self.link, t.transactional_id) is not None]
 
     def in_doubt(self) -> list[tuple[Any, str, int]]:
         """Every open branch of the link with the decision recovery would give it.
@@ -120,30 +120,38 @@ class Committer:
         Returns:
             (open transaction, "commit" or "rollback", decided epoch or -1) per branch.
         """
-        open_txns = self.xa.recover(self.options.id_prefix)
-        decided = self._decided_branches({t.transactional_id for t in open_txns})
-        out = []
-        for t in open_txns:
-            epoch = decided.get((t.transactional_id, t.producer_id, t.producer_epoch), -1)
-            out.append((t, "commit" if epoch >= 0 else "rollback", epoch))
-        return out
+        open_now = self._open()
+        decided = {Branch.of(BranchHandle.from_json(b)): r.epoch
+                   for r in self.store.records(self.link) for b in r.branches} if open_now else {}
+        return [(t, "commit" if Branch.of(t) in decided else "rollback", decided.get(Branch.of(t), -1))
+                for t in open_now]
 
     # -- epoch --------------------------------------------------------------------------------
 
     def commit(self, epoch: int, handles: Sequence[BranchHandle]) -> ArbitrationRecord:
         """Decides the epoch (last agent), then commits its branches and rolls back the rest."""
         live = [h for h in handles if not h.read_only]
+        known = {Branch.of(h): h for h in live}
+        open_now = self._open()
+        known.update((Branch.of(t), t.handle()) for t in open_now if Branch.of(t) not in known)
+        actions = protocol.decide_epoch(epoch, None, [Branch.of(h) for h in live], [Branch.of(t) for t in open_now])
         record = ArbitrationRecord(
-            link=self.link, epoch=epoch, gxid=f"{self.link}:{epoch}",
+            link=self.link, epoch=epoch, gxid=xid.gxid_text(self.link, epoch),
             branches=tuple(h.to_json() for h in live),
             confirmed_through=epoch - 1,  # commit(epoch) runs only after epoch-1's phase 2
         )
         decision = self.store.decide(record)
-        if not decision.won:
+        if decision.won:
+            actions = [a for a in actions if not isinstance(a, protocol.WriteDecision)]
+        else:
             log.warning("link %s epoch %d was already decided; following that record (%d branches)",
                         self.link, epoch, len(decision.record.branches))
+            recorded = [BranchHandle.from_json(b) for b in decision.record.branches]
+            known.update((Branch.of(h), h) for h in recorded)
+            actions = protocol.decide_epoch(epoch, [Branch.of(h) for h in recorded], list(map(Branch.of, live)),
+                                            [Branch.of(t) for t in open_now])
         faults.point("after_arbitration")
-        self._phase2(decision.record)
+        self._carry_out(actions, known)
         faults.point("after_phase2")
         if epoch % self.options.cleanup_every == 0:
             removed = self.store.cleanup(self.link, self.options.retention_epochs)
@@ -154,43 +162,44 @@ class Committer:
     def abort(self, epoch: int, handles: Sequence[BranchHandle]) -> None:
         """Spark gave up on the epoch. If it was decided, its record stands; else roll back all."""
         record = self.store.get(self.link, epoch)
+        reported = [h for h in handles if not h.read_only]
+        known = {Branch.of(h): h for h in reported}
+        open_now = self._open()
+        known.update((Branch.of(t), t.handle()) for t in open_now if Branch.of(t) not in known)
+        recorded = None
         if record is not None:
             log.warning("link %s epoch %d: abort after the decision; completing the decided epoch", self.link, epoch)
-            self._phase2(record)
-            return
-        reported = [h for h in handles if not h.read_only]
-        self.xa.end_all(reported, commit=False, parallelism=self.options.phase2_parallelism)
-        self._rollback_others(set())
+            handles_of_record = [BranchHandle.from_json(b) for b in record.branches]
+            known.update((Branch.of(h), h) for h in handles_of_record)
+            recorded = [Branch.of(h) for h in handles_of_record]
+        self._carry_out(protocol.abort_epoch(epoch, recorded, [Branch.of(t) for t in open_now],
+                                             [Branch.of(h) for h in reported]), known)
 
-    def _phase2(self, record: ArbitrationRecord) -> None:
-        recorded = [BranchHandle.from_json(b) for b in record.branches]
-        decided = {(h.transactional_id, h.producer_id, h.producer_epoch): record.epoch for h in recorded}
+    def _carry_out(self, actions: Sequence[protocol.Action], handles: dict[Branch, BranchHandle]) -> None:
+        """Carries out the protocol core's actions: commits, then rollbacks, then any failure."""
+        commits = [a for a in actions if isinstance(a, CommitBranch)]
+        epoch_of = {a.branch: a.epoch for a in commits}
         results: list[EndResult] = []
-        if recorded:
+        if commits:
             # One branch first, so a crash test can stop between two branch commits.
-            results.append(self.xa.commit(recorded[0]))
+            results.append(self.xa.commit(handles[commits[0].branch]))
             faults.point("between_branch_commits")
-        results += self.xa.end_all(recorded[1:], commit=True, parallelism=self.options.phase2_parallelism)
-        self._require_committed(results, decided)
-        self._rollback_others({h.transactional_id for h in recorded})
+        results += self.xa.end_all([handles[a.branch] for a in commits[1:]], commit=True,
+                                   parallelism=self.options.phase2_parallelism)
+        self._require_committed(results, epoch_of)
+        rollbacks = [handles[a.branch] for a in actions if isinstance(a, RollbackBranch)]
+        if rollbacks:
+            log.info("link %s: rolling back %d branch(es) no decision covers", self.link, len(rollbacks))
+            self.xa.end_all(rollbacks, commit=False, parallelism=self.options.phase2_parallelism)
+        for a in actions:
+            if isinstance(a, protocol.Fail):
+                raise DecidedBranchLostError(a.reason)
 
-    def _rollback_others(self, keep: set[str]) -> None:
-        """Rolls back every other open branch of the link (failed or superseded attempts)."""
-        others = [t.handle() for t in self.xa.recover(self.options.id_prefix) if t.transactional_id not in keep]
-        if others:
-            log.info("link %s: rolling back %d branch(es) no decision covers", self.link, len(others))
-            self.xa.end_all(others, commit=False, parallelism=self.options.phase2_parallelism)
-
-    def _require_committed(self, results: Sequence[EndResult], decided: dict[tuple[str, int, int], int]) -> None:
+    def _require_committed(self, results: Sequence[EndResult], epoch_of: dict[Branch, int]) -> None:
         for r in results:
             if r.outcome in (EndOutcome.COMMITTED, EndOutcome.NOTHING_TO_END):
                 continue
             h = r.handle
-            epoch = decided.get((h.transactional_id, h.producer_id, h.producer_epoch), -1)
-            raise DecidedBranchLostError(
-                f"link {self.link!r} epoch {epoch}: decided branch {h.transactional_id} (producer id "
-                f"{h.producer_id}, epoch {h.producer_epoch}, {h.records} records) was not committed: "
-                f"{r.outcome.value}. {r.detail}. Its records are missing from Kafka although the epoch is "
-                "recorded as committed; raise kafka.transaction.timeout.ms, and re-produce the epoch from "
-                "the source (needs a deterministic query) or repair by hand (lastagent recover)."
-            )
+            branch = Branch.of(h)
+            raise DecidedBranchLostError(protocol.lost_branch_reason(
+                self.link, epoch_of.get(branch, -1), branch, f"{r.outcome.value} ({h.records} records); {r.detail}"))

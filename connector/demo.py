@@ -38,6 +38,8 @@ def produce(bootstrap: str, topic: str, txns: int, aborted: frozenset[int]) -> i
             value = f"{'aborted' if t in aborted else 'order'}-{t}-{i}".encode()
             producer.produce(topic, key=f"{t}-{i}".encode(), value=value, partition=i % 3)
         if t in aborted:
+            # Flushed first: the aborted records land in the log, and the source must skip them.
+            producer.flush(60)
             producer.abort_transaction(60)
         else:
             producer.commit_transaction(60)

@@ -7,10 +7,10 @@ Spark's own ``kafka`` sink options keep their names (``kafka.bootstrap.servers``
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from lastagent import xid
 from lastagent.errors import OptionError
 
 #: Producer settings the sink owns: a user value would break the protocol or the row schema.
@@ -40,7 +40,6 @@ SINK_OPTIONS: dict[str, tuple[str | None, str]] = {
     "phase2Parallelism": ("8", "Branches committed in parallel in phase 2."),
     "checkpointLocation": (None, "Spark's checkpoint location (required: recovery depends on it)."),
 }
-_LINK = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
 _KNOWN = {k.lower(): k for k in SINK_OPTIONS}
 
 
@@ -77,11 +76,11 @@ class KafkaSinkOptions:
     @property
     def id_prefix(self) -> str:
         """Every transactional.id of this link starts with this (recovery lists by it)."""
-        return f"lastagent-{self.link}-"
+        return xid.id_prefix(self.link)
 
     def transactional_id(self, partition: int, attempt: int) -> str:
         """The branch id of one task attempt: bounded per link, reused across epochs."""
-        return f"{self.id_prefix}{partition}-{attempt}"
+        return xid.transactional_id(self.link, partition, attempt)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "KafkaSinkOptions":
@@ -110,9 +109,7 @@ class KafkaSinkOptions:
                     "kafka.bootstrap.servers": "e.g. .option('kafka.bootstrap.servers', 'host:9092')",
                 }[required]
                 raise OptionError(required, f"is required; {hint}")
-        link = opts["link"].strip()
-        if not _LINK.match(link):
-            raise OptionError("link", f"{link!r} is not a valid link name; use 1-100 of letters, digits, '.', '_', '-'")
+        link = xid.check_link(opts["link"].strip())
         timeout = _int(opts, "kafka.transaction.timeout.ms", 1000)
         client = {k[len("kafka."):]: v for k, v in opts.items() if k.startswith("kafka.")}
         client.pop("transaction.timeout.ms", None)

@@ -41,7 +41,7 @@ def test_required_options_are_named(missing):
     ({"subscribe": "x"}, "option 'subscribe': unknown option.*valid options: arbitrationCleanupEvery"),
     ({"kafka.transactional.id": "x"}, "option 'kafka.transactional.id': is set by the sink"),
     ({"kafka.value.serializer": "x"}, "cast the 'value' column"),
-    ({"link": "has space"}, "option 'link': 'has space' is not a valid link name"),
+    ({"link": "has space"}, "option 'link': 'has space' has characters not allowed"),
     ({"kafka.transaction.timeout.ms": "soon"}, "option 'kafka.transaction.timeout.ms': 'soon' is not an integer"),
     ({"phase2Parallelism": "0"}, "option 'phase2Parallelism': 0 is too small"),
 ])
@@ -85,3 +85,14 @@ def test_null_topic_row_is_refused_by_row_number():
     batch = pa.record_batch({"value": ["v"], "topic": pa.array([None], pa.string())})
     with pytest.raises(SchemaError, match="row 0 .* null 'topic'"):
         list(records(batch, None))
+
+
+def test_pinned_pyspark_still_builds_commit_writers_in_the_module_the_sink_recognises():
+    """Recovery at start must never run in the writer pyspark builds for commit (branches are open)."""
+    import importlib
+
+    from lastagent.sinks import kafka_sink
+
+    runner = importlib.import_module(kafka_sink.COMMIT_RUNNER)
+    assert "streamWriter(" in open(runner.__file__).read()
+    assert not kafka_sink._building_for_commit()

@@ -121,3 +121,12 @@ def test_check_loss_fails_or_skips_naming_topic_partition_offsets():
     assert check_loss(start, earliest, fail=False) == {("t", 0): 9, ("t", 1): 7}
     with pytest.raises(DataLossError, match="gone-0 is gone"):
         check_loss({("gone", 0): 3}, {}, fail=True)
+
+
+def test_docs_options_md_is_generated_from_the_tables():
+    from pathlib import Path
+
+    from lastagent.options_doc import render
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "options.md"
+    assert doc.read_text() == render(), "docs/options.md is stale: run python -m lastagent.options_doc > docs/options.md"
