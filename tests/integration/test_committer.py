@@ -58,16 +58,29 @@ def test_start_completes_a_decided_epoch_missing_from_spark_commit_log(options, 
     assert len(read_committed(kafka_bootstrap, topic, 3)) == 3
 
 
-def test_start_trusts_spark_commit_log(options, new_topic, tmp_path):
+def test_start_rolls_back_undecided_branches_and_leaves_other_links_alone(options, kafka_bootstrap, new_topic,
+                                                                         tmp_path):
+    """At query start no task runs: an open branch no decision covers is a crashed run's (presumed abort)."""
+    from dataclasses import replace
+
     topic = new_topic()
     commits = tmp_path / "ckpt" / "commits"
     commits.mkdir(parents=True)
     (commits / "0").write_text("v1\n{}")
+    # A link whose name extends this one's: its ids share our prefix, yet they are not ours.
+    neighbour = replace(options, link=options.link + "-1")
+    theirs = _branches(neighbour, topic, 1)
     with Committer(options) as c:
         _decide_only(c, 0, [])
-        open_branch = _branches(options, topic, 1)  # an in-flight epoch's branch: left alone
+        undecided = _branches(options, topic, 2)
+        assert {t.transactional_id for t, d, _ in c.in_doubt() if d == "rollback"} == {
+            h.transactional_id for h in undecided}
         assert c.start() == 0
-        assert [t.transactional_id for t, _, _ in c.in_doubt()] == [open_branch[0].transactional_id]
+        assert c.in_doubt() == []
+    with Committer(neighbour) as n:
+        assert [t.transactional_id for t, _, _ in n.in_doubt()] == [theirs[0].transactional_id]
+        n.xa.end_all(theirs, commit=False)
+    assert read_committed(kafka_bootstrap, topic, 0, timeout_s=3) == []
 
 
 def test_abort_after_decision_completes_it_and_abort_before_rolls_back(options, kafka_bootstrap, new_topic):
