@@ -8,8 +8,9 @@ Examples::
     lastagent recover ... --rollback lastagent-orders-3-0
     lastagent recover ... --commit lastagent-orders-3-0   # by hand: the operator decides
 
-Exit status: 0 when nothing of the link is in doubt, 1 while anything stays in doubt,
-2 on bad usage or an unreachable broker/table.
+Exit status: 0 when nothing of the link is in doubt, 1 while anything stays in doubt or a
+decided branch was lost (expired: reported by epoch and branch), 2 on bad usage or an
+unreachable broker/table.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def _status(committer: Any) -> dict[str, Any]:
         "arbitration_rows": rows,
         "arbitration_files": files,
         "in_doubt": [_branch(t, decision, epoch) for t, decision, epoch in in_doubt],
+        "hazards": committer.hazards(),
     }
 
 
@@ -63,6 +65,8 @@ def _print_status(status: dict[str, Any]) -> None:
           f"confirmed through: {status['confirmed_through']}")
     print(f"  arbitration size: {status['arbitration_rows']} rows in {status['arbitration_files']} files")
     _print_in_doubt(status["in_doubt"])
+    for h in status["hazards"]:
+        print(f"  HAZARD: {h['reason']}")
 
 
 def _print_in_doubt(branches: list[dict[str, Any]]) -> None:
@@ -104,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.command == "status":
                 status = _status(committer)
                 print(json.dumps(status, indent=2)) if args.json else _print_status(status)
-                return 1 if status["in_doubt"] else 0
+                return 1 if status["in_doubt"] or status["hazards"] else 0
             return _recover(committer, args)
     except (LastAgentError, KafkaError, OSError) as exc:
         print(f"lastagent: {type(exc).__name__}: {exc}", file=sys.stderr)

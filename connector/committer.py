@@ -126,32 +126,63 @@ class Committer:
         return [(t, "commit" if Branch.of(t) in decided else "rollback", decided.get(Branch.of(t), -1))
                 for t in open_now]
 
+    def hazards(self) -> list[dict[str, Any]]:
+        """Decided branches the broker ended without committing (expired): never silent.
+
+        Looks at the decided epochs not yet confirmed (newer than the newest record's
+        ``confirmed_through``): a recorded branch that is not open and whose transaction the
+        broker reports aborted lost its records although its epoch is recorded as committed.
+        """
+        records = self.store.records(self.link)
+        confirmed = max((r.confirmed_through for r in records), default=-1)
+        open_now = {Branch.of(t) for t in self._open()}
+        out = []
+        for r in records:
+            if r.epoch <= confirmed:
+                continue
+            for h in map(BranchHandle.from_json, r.branches):
+                if Branch.of(h) in open_now or h.read_only:
+                    continue
+                if self.xa.how_ended(h) == "aborted":
+                    out.append({"epoch": r.epoch, "transactional_id": h.transactional_id, "producer_id": h.producer_id,
+                                "producer_epoch": h.producer_epoch, "records": h.records,
+                                "reason": protocol.lost_branch_reason(self.link, r.epoch, Branch.of(h),
+                                                                      "the broker aborted it (expired)")})
+        return out
+
     # -- epoch --------------------------------------------------------------------------------
 
     def commit(self, epoch: int, handles: Sequence[BranchHandle]) -> ArbitrationRecord:
-        """Decides the epoch (last agent), then commits its branches and rolls back the rest."""
+        """Decides the epoch (last agent), then commits its branches and rolls back the rest.
+
+        The decision needs only the arbitration store; the broker is asked for the link's other
+        open branches after the commits, so a broker outage after the decision leaves a
+        decided epoch that the next start completes.
+        """
         live = [h for h in handles if not h.read_only]
-        known = {Branch.of(h): h for h in live}
-        open_now = self._open()
-        known.update((Branch.of(t), t.handle()) for t in open_now if Branch.of(t) not in known)
-        actions = protocol.decide_epoch(epoch, None, [Branch.of(h) for h in live], [Branch.of(t) for t in open_now])
+        prepared = [Branch.of(h) for h in live]
         record = ArbitrationRecord(
             link=self.link, epoch=epoch, gxid=xid.gxid_text(self.link, epoch),
             branches=tuple(h.to_json() for h in live),
             confirmed_through=epoch - 1,  # commit(epoch) runs only after epoch-1's phase 2
         )
+        # WriteDecision, the first action of protocol.decide_epoch(epoch, None, ...): the store
+        # answers with the record that stands (ours, or a racing decider's).
         decision = self.store.decide(record)
-        if decision.won:
-            actions = [a for a in actions if not isinstance(a, protocol.WriteDecision)]
-        else:
+        if not decision.won:
             log.warning("link %s epoch %d was already decided; following that record (%d branches)",
                         self.link, epoch, len(decision.record.branches))
-            recorded = [BranchHandle.from_json(b) for b in decision.record.branches]
-            known.update((Branch.of(h), h) for h in recorded)
-            actions = protocol.decide_epoch(epoch, [Branch.of(h) for h in recorded], list(map(Branch.of, live)),
-                                            [Branch.of(t) for t in open_now])
+        known = {Branch.of(h): h for h in live}
+        recorded_handles = [BranchHandle.from_json(b) for b in decision.record.branches]
+        known.update((Branch.of(h), h) for h in recorded_handles)
+        recorded = [Branch.of(h) for h in recorded_handles]
         faults.point("after_arbitration")
-        self._carry_out(actions, known)
+        self._carry_out(protocol.decide_epoch(epoch, recorded, prepared, []), known)
+        open_now = self._open()
+        known.update((Branch.of(t), t.handle()) for t in open_now)
+        # Recorded branches are committed by now; what is still open is failed or superseded attempts.
+        self._carry_out([a for a in protocol.decide_epoch(epoch, recorded, [], [Branch.of(t) for t in open_now])
+                         if isinstance(a, RollbackBranch)], known)
         faults.point("after_phase2")
         if epoch % self.options.cleanup_every == 0:
             removed = self.store.cleanup(self.link, self.options.retention_epochs)

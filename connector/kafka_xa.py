@@ -361,6 +361,25 @@ class KafkaXAResource:
         # Aborted, expired or fenced: for a rollback every one of those means "not committed".
         return EndResult(handle, EndOutcome.ROLLED_BACK, detail)
 
+    def how_ended(self, handle: BranchHandle) -> str:
+        """How a branch that is no longer open ended, from the broker's describe (no side effect).
+
+        Returns:
+            "committed" or "aborted" when the broker's last word on the id is this very
+            transaction's end (same producer id, epoch + 1 under transaction protocol v2);
+            "open" when it is still open; "unknown" when the id has moved on to a newer one.
+        """
+        desc = self._admin().describe_transactions([handle.transactional_id])[handle.transactional_id]
+        state, pid, epoch = desc.state.value, desc.producer_id, desc.producer_epoch
+        if pid == handle.producer_id and epoch == handle.producer_epoch and state == "Ongoing":
+            return "open"
+        if pid == handle.producer_id and epoch == handle.producer_epoch + 1:
+            if state in ("CompleteCommit", "PrepareCommit"):
+                return "committed"
+            if state in ("CompleteAbort", "PrepareAbort"):
+                return "aborted"
+        return "unknown"
+
     def end_all(self, handles: Iterable[BranchHandle], commit: bool, parallelism: int = 8) -> list[EndResult]:
         """Ends many branches in parallel (phase 2). Each thread has its own connection."""
         from concurrent.futures import ThreadPoolExecutor

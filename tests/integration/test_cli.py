@@ -55,3 +55,30 @@ def test_bad_link_name_is_a_usage_error(kafka_bootstrap, tmp_path):
     result = lastagent("status", "--link", "no spaces", "--arbitration-table", str(tmp_path),
                        "--bootstrap-servers", kafka_bootstrap)
     assert result.returncode == 2 and "option 'link'" in result.stderr
+
+
+def test_expired_decided_branch_is_reported_by_epoch_and_branch(kafka_bootstrap, new_topic, tmp_path):
+    """A decided branch the broker aborted after its timeout is a hazard: reported, exit 1."""
+    import time
+
+    from lastagent.kafka_xa import KafkaXAResource
+
+    topic = new_topic()
+    link = f"cli-{uuid.uuid4().hex[:8]}"
+    arb = str(tmp_path / "arb")
+    w = BranchWriter({"bootstrap.servers": kafka_bootstrap}, f"lastagent-{link}-0-0", 1000)
+    w.send(topic, b"lost")
+    handle = w.prepare()
+    DeltaArbitrationStore(arb).decide(ArbitrationRecord(link, 4, f"{link}:4", (handle.to_json(),), confirmed_through=3))
+    with KafkaXAResource({"bootstrap.servers": kafka_bootstrap}) as xa:
+        deadline = time.monotonic() + 60
+        while xa.recover(handle.transactional_id) and time.monotonic() < deadline:
+            time.sleep(0.5)  # the broker aborts it after transaction.timeout.ms
+    common = ["--link", link, "--arbitration-table", arb, "--bootstrap-servers", kafka_bootstrap]
+    status = lastagent("status", *common, "--json")
+    assert status.returncode == 1, status.stderr
+    doc = json.loads(status.stdout)
+    assert doc["in_doubt"] == []
+    assert [(h["epoch"], h["transactional_id"]) for h in doc["hazards"]] == [(4, handle.transactional_id)]
+    text = lastagent("status", *common)
+    assert f"HAZARD: link '{link}' epoch 4: decided branch {handle.transactional_id}" in text.stdout
