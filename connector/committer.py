@@ -46,28 +46,35 @@ class Committer:
     """Runs one link's protocol steps on the driver.
 
     Args:
-        options: the sink's parsed options (link, arbitrationTable, Kafka settings).
-        store: the arbitration store; defaults to the Delta table the options name.
-        xa: the Kafka XA resource; defaults to one built from the options.
+        options: the sink's parsed options (link, Kafka settings, checkpointLocation).
+        store: the arbitration store; defaults to the Delta table ``options.arbitration_table``
+            names. The ``lastagent-delta`` sink passes its target table (the last agent).
+        xa: the Kafka XA resource; defaults to one built from the options, or none when the
+            link has no Kafka branches (``options.has_kafka`` false).
     """
 
     def __init__(self, options: Any, store: Any = None, xa: KafkaXAResource | None = None) -> None:
         self.options = options
         self.link: str = options.link
         self.store = store or DeltaArbitrationStore(options.arbitration_table)
-        self.xa = xa or KafkaXAResource(options.client_config, options.transaction_timeout_ms)
+        if xa is None and getattr(options, "has_kafka", True):
+            xa = KafkaXAResource(options.client_config, options.transaction_timeout_ms)
+        self.xa = xa
 
     def __enter__(self) -> "Committer":
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.xa.close()
+        if self.xa is not None:
+            self.xa.close()
 
     # -- query start ------------------------------------------------------------------------
 
     def check(self) -> None:
         """Start-of-query checks: the link owns the arbitration table; the timeout fits the broker."""
         self.store.check_link(self.link)
+        if self.xa is None:
+            return
         broker_max = self.xa.broker_max_timeout_ms()
         if self.options.transaction_timeout_ms > broker_max:
             raise OptionError(
@@ -111,6 +118,8 @@ class Committer:
 
     def _open(self) -> list[Any]:
         """The link's open transactions; ids of another link that shares the prefix are not ours."""
+        if self.xa is None:
+            return []
         return [t for t in self.xa.recover(self.options.id_prefix)
                 if xid.parse_transactional_id(self.link, t.transactional_id) is not None]
 
@@ -152,8 +161,11 @@ class Committer:
 
     # -- epoch --------------------------------------------------------------------------------
 
-    def commit(self, epoch: int, handles: Sequence[BranchHandle]) -> ArbitrationRecord:
+    def commit(self, epoch: int, handles: Sequence[BranchHandle], data: Any = None) -> ArbitrationRecord:
         """Decides the epoch (last agent), then commits its branches and rolls back the rest.
+
+        ``data`` is what the last agent commits beside the record (the ``lastagent-delta``
+        sink's staged data files); the store drops it if another decision already stands.
 
         The decision needs only the arbitration store; the broker is asked for the link's other
         open branches after the commits, so a broker outage after the decision leaves a
@@ -168,7 +180,7 @@ class Committer:
         )
         # WriteDecision, the first action of protocol.decide_epoch(epoch, None, ...): the store
         # answers with the record that stands (ours, or a racing decider's).
-        decision = self.store.decide(record)
+        decision = self.store.decide(record, data) if data is not None else self.store.decide(record)
         if not decision.won:
             log.warning("link %s epoch %d was already decided; following that record (%d branches)",
                         self.link, epoch, len(decision.record.branches))
@@ -184,7 +196,7 @@ class Committer:
         self._carry_out([a for a in protocol.decide_epoch(epoch, recorded, [], [Branch.of(t) for t in open_now])
                          if isinstance(a, RollbackBranch)], known)
         faults.point("after_phase2")
-        if epoch % self.options.cleanup_every == 0:
+        if epoch % self.options.cleanup_every == 0 and epoch > 0:
             removed = self.store.cleanup(self.link, self.options.retention_epochs)
             if removed:
                 log.info("link %s: cleaned up %d confirmed arbitration rows", self.link, removed)
@@ -208,6 +220,8 @@ class Committer:
 
     def _carry_out(self, actions: Sequence[protocol.Action], handles: dict[Branch, BranchHandle]) -> None:
         """Carries out the protocol core's actions: commits, then rollbacks, then any failure."""
+        if not actions:
+            return
         commits = [a for a in actions if isinstance(a, CommitBranch)]
         epoch_of = {a.branch: a.epoch for a in commits}
         results: list[EndResult] = []

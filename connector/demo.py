@@ -195,6 +195,58 @@ def sink_driver(bootstrap: str, source: str, checkpoint: str, arbitration: str, 
     return 0
 
 
+def enrich(batch: "pa.RecordBatch") -> "pa.RecordBatch":
+    """The demo's transformer (executors): ``order-<t>-<i>`` values get an amount; others are poison.
+
+    Used as ``.option("transformer", "lastagent.demo:enrich")``; a record it rejects goes to the
+    dead-letter topic with the exception text.
+    """
+    import pyarrow as pa
+
+    amounts = []
+    for v in batch.column("value").to_pylist():
+        text = v.decode() if isinstance(v, bytes) else str(v)
+        kind, t, i = text.split("-")  # a poison record fails here
+        if kind != "order":
+            raise ValueError(f"not an order: {text!r}")
+        amounts.append(int(t) * 1000 + int(i))
+    return batch.append_column("amount", pa.array(amounts, pa.int64()))
+
+
+def delta_driver(bootstrap: str, topic: str, table: str, checkpoint: str, link: str, dead_letters: str,
+                 side: str, per_trigger: str = "1000") -> int:
+    """A driver process for act 3 (and the crash tests): Kafka → transformer → lastagent-delta.
+
+    Dead letters and follow-up messages (side topic) are committed in the same epoch as the table.
+    """
+    os.environ["LASTAGENT_CRASH_PGID"] = str(os.getpgid(0))
+    from lastagent.spark_session import local_session
+
+    spark = local_session("lastagent-delta-driver", master=os.environ.get("LASTAGENT_SPARK_MASTER", "local[2]"))
+    spark.sparkContext.setLogLevel("ERROR")
+    query = (
+        spark.readStream.format("lastagent-kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", per_trigger)
+        .load()
+        .selectExpr("CAST(key AS STRING) AS key", "value", "topic", "partition", "offset")
+        .writeStream.format("lastagent-delta")
+        .option("link", link)
+        .option("checkpointLocation", checkpoint)
+        .option("transformer", "lastagent.demo:enrich")
+        .option("deadLetterTopic", dead_letters)
+        .option("sideTopics", side)
+        .option("kafka.bootstrap.servers", bootstrap)
+        .trigger(availableNow=True)
+        .start(table)
+    )
+    query.awaitTermination()
+    spark.stop()
+    return 0
+
+
 def run(bootstrap: str, workdir: str) -> int:
     ok, table = source_act(bootstrap, workdir)
     ok = sink_act(bootstrap, workdir, table) and ok
@@ -207,11 +259,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", default=os.environ.get(
         "LASTAGENT_KAFKA_BOOTSTRAP", f"127.0.0.1:{os.environ.get('LASTAGENT_KAFKA_PORT', '39092')}"))
     parser.add_argument("--workdir", default=None, help="where the Delta table and checkpoint go (default: a temp dir)")
-    parser.add_argument("mode", nargs="?", default="demo", choices=["demo", "sink-driver"])
+    parser.add_argument("mode", nargs="?", default="demo", choices=["demo", "sink-driver", "delta-driver"])
     parser.add_argument("driver_args", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.mode == "sink-driver":
         return sink_driver(*args.driver_args)
+    if args.mode == "delta-driver":
+        return delta_driver(*args.driver_args)
     workdir = args.workdir or tempfile.mkdtemp(prefix="lastagent-demo-")
     try:
         return run(args.bootstrap, workdir)

@@ -32,3 +32,17 @@ class KafkaDataSource(DataSource):
         from lastagent.sinks.kafka_sink import KafkaStreamWriter
 
         return KafkaStreamWriter(self.options, schema)
+
+
+class DeltaDataSource(DataSource):
+    """Format ``lastagent-delta``: exactly-once streaming sink to a Delta table (the last agent)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "lastagent-delta"
+
+    def streamWriter(self, schema, overwrite):  # noqa: ANN001, ANN201, N802 — Spark's API
+        """Driver: the sink's writer; options and the table's schema are checked here, at query start."""
+        from lastagent.sinks.delta_sink import DeltaStreamWriter
+
+        return DeltaStreamWriter(self.options, schema)

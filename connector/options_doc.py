@@ -6,6 +6,7 @@ stale, so the tables stay the one place an option is described.
 
 from __future__ import annotations
 
+from lastagent.sinks.delta_sink_options import DELTA_SINK_OPTIONS
 from lastagent.sinks.kafka_sink_options import SINK_OPTIONS
 from lastagent.sources.kafka_source_options import SOURCE_OPTIONS
 
@@ -23,8 +24,9 @@ def render() -> str:
     out = [
         "# Options",
         "",
-        "Generated from the option tables in `sources/kafka_source_options.py` and",
-        "`sinks/kafka_sink_options.py` by `python -m lastagent.options_doc`; do not edit by hand.",
+        "Generated from the option tables in `sources/kafka_source_options.py`,",
+        "`sinks/kafka_sink_options.py` and `sinks/delta_sink_options.py` by",
+        "`python -m lastagent.options_doc`; do not edit by hand.",
         "Option names are case-insensitive, as in Spark. Any other `kafka.*` option is passed to",
         "the Kafka client (librdkafka) without the prefix; an unknown option is an error that",
         "names it.",
@@ -36,6 +38,10 @@ def render() -> str:
         "## `lastagent-kafka` sink (`df.writeStream`)",
         "",
         *_table(SINK_OPTIONS),
+        "",
+        "## `lastagent-delta` sink (`df.writeStream`)",
+        "",
+        *_table(DELTA_SINK_OPTIONS),
         "",
     ]
     return "\n".join(out)

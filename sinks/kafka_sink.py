@@ -59,7 +59,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         self.options = KafkaSinkOptions.parse(options)
         self.columns = check_schema(schema, self.options.topic)
         self.decided_through = -1
-        if _building_for_commit():
+        if building_for_commit():
             # The epoch's branches are prepared and open right now: recovery must not touch them.
             return
         with Committer(self.options) as committer:
@@ -126,7 +126,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
 COMMIT_RUNNER = "pyspark.sql.worker.python_streaming_sink_runner"
 
 
-def _building_for_commit() -> bool:
+def building_for_commit() -> bool:
     """True when Spark builds this writer to run commit/abort, not to start the query."""
     frame = sys._getframe(1)
     while frame is not None:

@@ -95,4 +95,4 @@ def test_pinned_pyspark_still_builds_commit_writers_in_the_module_the_sink_recog
 
     runner = importlib.import_module(kafka_sink.COMMIT_RUNNER)
     assert "streamWriter(" in open(runner.__file__).read()
-    assert not kafka_sink._building_for_commit()
+    assert not kafka_sink.building_for_commit()

@@ -1,0 +1,308 @@
+"""The last agent of a ``lastagent-delta`` link: the target table's own commit. Driver side.
+
+:class:`TargetTableStore` has the :class:`~lastagent.arbitration.ArbitrationStore` interface,
+so the :class:`~lastagent.committer.Committer` runs the same protocol for both sinks; here the
+decision *is* the epoch's data commit. One Delta commit holds the epoch's add actions, the
+``txn`` action (appId = link, version = epoch) and the arbitration record in the commit's
+metadata (``lastagent.*`` keys: gxid, Kafka branch handles, the task attempts whose files it
+adds). Delta's conflict check on the ``txn`` appId makes two racing deciders end with one
+winner; the loser's files are deleted and it follows the winner's record.
+
+The record lives in the table's commit history, so Delta's log retention (30 days by default)
+bounds how long it is kept; there is nothing of ours to clean up.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from lastagent.arbitration import ArbitrationError, ArbitrationRecord, Decision, LinkMismatchError
+from lastagent.errors import LastAgentError
+from lastagent.sinks import delta_files
+
+log = logging.getLogger("lastagent.delta")
+
+#: Commits read back from the table's history when looking for a link's records.
+HISTORY_LIMIT = 1000
+
+
+class SchemaMismatchError(LastAgentError):
+    """The query's rows do not fit the table's schema; nothing was committed."""
+
+
+@dataclass(frozen=True)
+class StagedEpoch:
+    """What the epoch's tasks wrote: data files no snapshot references yet.
+
+    Attributes:
+        adds: add actions (JSON-able dicts) of every reported file.
+        schema_json: the rows' schema (Delta/Spark JSON) as the tasks wrote them, or None.
+        attempts: (Spark partition, attempt) of every task whose files are in ``adds``.
+    """
+
+    adds: tuple[dict[str, Any], ...]
+    schema_json: str | None
+    attempts: tuple[tuple[int, int], ...]
+
+
+def _strip(node: Any) -> Any:
+    """A schema JSON node without nullability and metadata: what must match exactly."""
+    if isinstance(node, dict):
+        return {k: _strip(v) for k, v in node.items() if k not in ("nullable", "containsNull",
+                                                                   "valueContainsNull", "metadata")}
+    if isinstance(node, list):
+        return [_strip(v) for v in node]
+    return node
+
+
+def schema_diff(table_json: str, rows_json: str, merge: bool) -> tuple[list[str], list[dict[str, Any]]]:
+    """Compares the rows' schema with the table's.
+
+    Returns:
+        (problems, new fields): problems name each column and both types; new fields are the
+        rows' columns the table lacks (allowed, and to be added, only with ``merge``).
+    """
+    table = {f["name"]: f for f in json.loads(table_json)["fields"]}
+    problems, new = [], []
+    for f in json.loads(rows_json)["fields"]:
+        have = table.get(f["name"])
+        if have is None:
+            if merge:
+                new.append({**f, "nullable": True})
+            else:
+                problems.append(f"column '{f['name']}' ({json.dumps(_strip(f['type']))}) is not in the table")
+        elif _strip(have["type"]) != _strip(f["type"]):
+            problems.append(f"column '{f['name']}': the table has {json.dumps(_strip(have['type']))}, "
+                            f"the query gives {json.dumps(_strip(f['type']))}")
+    return problems, new
+
+
+def schema_error(path: str, problems: list[str]) -> SchemaMismatchError:
+    return SchemaMismatchError(
+        f"the rows do not fit the schema of Delta table {path}: " + "; ".join(problems)
+        + ". Cast the columns in the query, or set option mergeSchema=true to add new columns "
+          "(types of existing columns never change); nothing was committed")
+
+
+class TargetTableStore:
+    """The target Delta table as the arbitration store of its link.
+
+    Args:
+        path: the table's location.
+        partition_by: partition columns for creating the table.
+        merge_schema: add the rows' new columns to the table (Delta's mergeSchema).
+        fallback_schema_json: the table's schema when an epoch must create it without rows.
+        checkpoint_location: Spark's checkpoint, to tell a renamed link from a new one.
+    """
+
+    def __init__(self, path: str, partition_by: tuple[str, ...] = (), merge_schema: bool = False,
+                 fallback_schema_json: str | None = None, checkpoint_location: str | None = None) -> None:
+        self.path = path
+        self.partition_by = partition_by
+        self.merge_schema = merge_schema
+        self.fallback_schema_json = fallback_schema_json
+        self.checkpoint_location = checkpoint_location
+
+    def table(self) -> Any:
+        """The DeltaTable, or None while the table does not exist."""
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            return DeltaTable(self.path)
+        except TableNotFoundError:
+            return None
+        except Exception as exc:  # noqa: BLE001 — any read failure means "cannot decide now"
+            raise ArbitrationError(f"cannot read Delta table {self.path}: {exc}") from exc
+
+    # -- the decision -----------------------------------------------------------------------
+
+    def decide(self, record: ArbitrationRecord, staged: StagedEpoch | None = None) -> Decision:
+        """Commits the epoch's files, txn and record in one Delta commit, unless already decided.
+
+        Raises:
+            SchemaMismatchError: the rows do not fit the table (nothing committed).
+            ArbitrationError: the table cannot be read or written (nothing decided by this call).
+        """
+        from deltalake import Schema
+        from deltalake.exceptions import CommitFailedError
+        from deltalake.transaction import CommitProperties, Transaction, create_table_with_add_actions
+
+        staged = staged or StagedEpoch((), None, ())
+        if not record.decided_at_ms:
+            record = replace(record, decided_at_ms=int(time.time() * 1000))
+        metadata = {"lastagent.link": record.link, "lastagent.epoch": str(record.epoch),
+                    "lastagent.gxid": record.gxid, "lastagent.branches": json.dumps(list(record.branches)),
+                    "lastagent.attempts": json.dumps([list(a) for a in staged.attempts]),
+                    "lastagent.confirmed_through": str(record.confirmed_through)}
+        props = CommitProperties(custom_metadata=metadata, app_transactions=[
+            Transaction(app_id=record.link, version=record.epoch, last_updated=record.decided_at_ms)])
+        adds = delta_files.add_actions(list(staged.adds))
+        for _ in range(10):
+            table = self.table()
+            if table is not None:
+                decided = table.transaction_version(record.link)
+                if decided is not None and decided >= record.epoch:
+                    self.discard(staged)
+                    existing = self.get(record.link, record.epoch, table)
+                    if existing is None:
+                        raise ArbitrationError(f"link {record.link!r} epoch {record.epoch} is decided in "
+                                               f"{self.path} but its commit is no longer in the table's history")
+                    return Decision(existing, won=False)
+            try:
+                if table is None:
+                    schema_json = staged.schema_json or self.fallback_schema_json
+                    if schema_json is None:
+                        if adds or record.branches:
+                            raise ArbitrationError(
+                                f"cannot create Delta table {self.path}: the transformer produced no row yet, so "
+                                "its schema is unknown; create the table first or let the first batch have rows")
+                        return Decision(record, won=True)  # nothing written, nothing to decide
+                    create_table_with_add_actions(self.path, Schema.from_json(schema_json), adds, mode="error",
+                                                  partition_by=list(self.partition_by) or None,
+                                                  commit_properties=props)
+                else:
+                    schema = self._fit(table, staged)
+                    table.create_write_transaction(adds, "append", schema,
+                                                   partition_by=table.metadata().partition_columns or None,
+                                                   commit_properties=props)
+                return Decision(record, won=True)
+            except CommitFailedError as exc:
+                log.info("Delta commit for %s epoch %d lost a race (%s); re-reading", record.link, record.epoch, exc)
+            except (SchemaMismatchError, ArbitrationError):
+                raise
+            except Exception as exc:  # noqa: BLE001 — delta-rs raises plain errors for "table exists"
+                if table is None and self.table() is not None:
+                    continue  # another writer created the table first: decide against it
+                raise ArbitrationError(f"cannot commit to Delta table {self.path}: {exc}") from exc
+        raise ArbitrationError(f"Delta commit for {record.link!r} epoch {record.epoch}: too many concurrent commits")
+
+    def _fit(self, table: Any, staged: StagedEpoch) -> Any:
+        """The schema to commit with; adds the rows' new columns first when merging."""
+        current = table.schema()
+        if staged.schema_json is None:
+            return current
+        problems, new = schema_diff(current.to_json(), staged.schema_json, self.merge_schema)
+        if problems:
+            raise schema_error(self.path, problems)
+        if not new:
+            return current
+        from deltalake import Field
+
+        # A nullable column added on its own commit is harmless if the epoch never commits: the
+        # end state is what Delta's mergeSchema gives.
+        table.alter.add_columns([Field.from_json(json.dumps(f)) for f in new])
+        log.info("Delta table %s: added column(s) %s (mergeSchema)", self.path, [f["name"] for f in new])
+        return table.schema()
+
+    def discard(self, staged: StagedEpoch) -> None:
+        """Deletes staged files that no decision references."""
+        fs, root = delta_files.filesystem(self.path)
+        for a in staged.adds:
+            try:
+                fs.delete_file(f"{root}/{a['path']}")
+            except FileNotFoundError:
+                pass
+
+    # -- reading records --------------------------------------------------------------------
+
+    def _commits(self, table: Any = None) -> list[dict[str, Any]]:
+        table = table or self.table()
+        if table is None:
+            return []
+        return [c for c in table.history(HISTORY_LIMIT) if "lastagent.link" in c]
+
+    @staticmethod
+    def _record(c: dict[str, Any]) -> ArbitrationRecord:
+        return ArbitrationRecord(c["lastagent.link"], int(c["lastagent.epoch"]), c["lastagent.gxid"],
+                                 tuple(json.loads(c["lastagent.branches"])), int(c.get("timestamp", 0)),
+                                 int(c.get("lastagent.confirmed_through", -1)))
+
+    def records(self, link: str) -> list[ArbitrationRecord]:
+        return sorted((self._record(c) for c in self._commits() if c["lastagent.link"] == link),
+                      key=lambda r: r.epoch)
+
+    def attempts(self, link: str) -> dict[int, set[tuple[int, int]]]:
+        """Per decided epoch still in history: the task attempts whose files it committed."""
+        return {int(c["lastagent.epoch"]): {tuple(a) for a in json.loads(c.get("lastagent.attempts", "[]"))}
+                for c in self._commits() if c["lastagent.link"] == link}
+
+    def get(self, link: str, epoch: int, table: Any = None) -> ArbitrationRecord | None:
+        for c in self._commits(table):
+            if c["lastagent.link"] == link and int(c["lastagent.epoch"]) == epoch:
+                return self._record(c)
+        return None
+
+    def latest_epoch(self, link: str) -> int | None:
+        table = self.table()
+        return None if table is None else table.transaction_version(link)
+
+    def cleanup(self, link: str, retain_epochs: int) -> int:
+        """Nothing to do: records are commits of the table; Delta's log retention ages them out."""
+        return 0
+
+    def check_link(self, link: str) -> None:
+        """Fails when a restarted query's link has no commits but another link's are there (renamed)."""
+        if self.checkpoint_location is None or self.latest_epoch(link) is not None:
+            return
+        from lastagent.committer import spark_committed_through
+
+        if spark_committed_through(self.checkpoint_location) < 0:
+            return  # a new query: a table shared with other links is fine
+        others = sorted({c["lastagent.link"] for c in self._commits()})
+        if others:
+            raise LinkMismatchError(
+                f"option 'link': the checkpoint has committed epochs but Delta table {self.path} has no commit of "
+                f"link {link!r}, only of {others}. A link's name must stay stable (its epochs are found by it); "
+                "use the old name, or a new checkpointLocation for a new link")
+
+    def size(self) -> tuple[int, int]:
+        """(lastagent commits in recent history, data files) for ``lastagent status``."""
+        table = self.table()
+        if table is None:
+            return 0, 0
+        return len(self._commits(table)), len(table.file_uris())
+
+    # -- files of undecided epochs ------------------------------------------------------------
+
+    def sweep(self, link: str, decided_through: int) -> int:
+        """Deletes the link's data files that no decision references. Driver, at query start only.
+
+        A file of an epoch newer than the newest decision was never committed; a file of a
+        decided epoch from an attempt the decision does not list belongs to a failed or
+        superseded attempt. No task of the link runs while this runs.
+
+        Returns:
+            The number of files deleted.
+        """
+        from pyarrow import fs as pafs
+
+        filesystem, root = delta_files.filesystem(self.path)
+        try:
+            infos = filesystem.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+        except OSError as exc:
+            log.warning("cannot list %s to remove files of undecided epochs: %s", self.path, exc)
+            return 0
+        attempts = self.attempts(link) if decided_through >= 0 else {}
+        oldest_known = min(attempts, default=decided_through + 1)
+        removed = 0
+        for info in infos:
+            if info.type != pafs.FileType.File or "/_delta_log/" in info.path:
+                continue
+            named = delta_files.parse_file_name(info.base_name)
+            if named is None or named[0] != link:
+                continue
+            _, epoch, partition, attempt = named
+            orphan = epoch > decided_through or (
+                epoch >= oldest_known and epoch in attempts and (partition, attempt) not in attempts[epoch])
+            if orphan:
+                filesystem.delete_file(info.path)
+                removed += 1
+        if removed:
+            log.info("link %s: deleted %d data file(s) of undecided epochs or failed attempts in %s",
+                     link, removed, self.path)
+        return removed

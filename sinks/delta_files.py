@@ -1,0 +1,248 @@
+"""Data files of the ``lastagent-delta`` sink: parquet written by tasks, no snapshot references them.
+
+Executor side (:class:`FileWriter`) and shared naming (:func:`file_name`, :func:`parse_file_name`).
+A task writes its rows as parquet files under the table's root (Hive-style partition
+directories) and returns their Delta add actions with statistics; nothing is visible until the
+driver's one Delta commit for the epoch references them. Files are named after link, epoch,
+Spark partition and attempt, so files of undecided epochs and of failed attempts can be found and
+deleted later without touching anyone else's.
+
+Memory stays bounded: batches are appended to open parquet writers (one per partition value) and a
+file is closed once it reaches the target size.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+_NAME = re.compile(r"^lastagent-(?P<link>.+)-e(?P<epoch>\d+)-p(?P<partition>\d+)-a(?P<attempt>\d+)-[0-9a-f]{12}"
+                   r"\.snappy\.parquet$")
+#: Delta truncates string statistics; a longer max would need a tie-breaker, so it is left out.
+_STRING_PREFIX = 32
+
+
+def file_name(link: str, epoch: int, partition: int, attempt: int) -> str:
+    """A data file's base name: which link, epoch and task attempt wrote it."""
+    return f"lastagent-{link}-e{epoch}-p{partition}-a{attempt}-{uuid.uuid4().hex[:12]}.snappy.parquet"
+
+
+def parse_file_name(name: str) -> tuple[str, int, int, int] | None:
+    """(link, epoch, partition, attempt) of a file this sink wrote, or None for any other file."""
+    m = _NAME.match(name)
+    if m is None:
+        return None
+    return m["link"], int(m["epoch"]), int(m["partition"]), int(m["attempt"])
+
+
+def filesystem(root: str) -> tuple[Any, str]:
+    """(pyarrow filesystem, path) for a table location: local path or URI."""
+    from pyarrow import fs
+
+    if "://" in root:
+        return fs.FileSystem.from_uri(root)
+    return fs.LocalFileSystem(), str(root).rstrip("/")
+
+
+def delta_arrow_schema(schema: pa.Schema) -> pa.Schema:
+    """The schema a batch is stored with: Delta's timestamps are microseconds, UTC-adjusted."""
+    fields = []
+    for f in schema:
+        t = f.type
+        if pa.types.is_timestamp(t):
+            t = pa.timestamp("us", tz="UTC") if t.tz else pa.timestamp("us")
+        fields.append(pa.field(f.name, t, f.nullable))
+    return pa.schema(fields)
+
+
+def partition_value(value: Any) -> str | None:
+    """Delta's string form of a partition value (None stays null)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dt.datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S.%f")
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _stat_value(value: Any, is_max: bool) -> Any:
+    """A JSON statistics value, or None when it cannot be stated safely."""
+    if isinstance(value, float):
+        return None if math.isnan(value) or math.isinf(value) else value
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+        # Delta states timestamps in milliseconds: round min down and max up, so skipping stays safe.
+        micros = value.microsecond % 1000
+        if micros and is_max:
+            value += dt.timedelta(microseconds=1000 - micros)
+        elif micros:
+            value -= dt.timedelta(microseconds=micros)
+        return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, str):
+        if len(value) > _STRING_PREFIX:
+            return None if is_max else value[:_STRING_PREFIX]
+        return value
+    if isinstance(value, (int, bool)):
+        return value
+    return None
+
+
+@dataclass
+class _Stats:
+    """Running statistics of one file (top-level columns with an order Delta can use)."""
+
+    rows: int = 0
+    mins: dict[str, Any] = field(default_factory=dict)
+    maxs: dict[str, Any] = field(default_factory=dict)
+    nulls: dict[str, int] = field(default_factory=dict)
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        self.rows += batch.num_rows
+        for name, col in zip(batch.schema.names, batch.columns):
+            self.nulls[name] = self.nulls.get(name, 0) + col.null_count
+            t = col.type
+            if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_string(t)
+                    or pa.types.is_large_string(t) or pa.types.is_date(t) or pa.types.is_timestamp(t)):
+                continue
+            if col.null_count == len(col):
+                continue
+            mm = pc.min_max(col).as_py()
+            lo, hi = mm["min"], mm["max"]
+            if name not in self.mins or (lo is not None and self.mins[name] is not None and lo < self.mins[name]):
+                self.mins[name] = lo
+            if name not in self.maxs or (hi is not None and self.maxs[name] is not None and hi > self.maxs[name]):
+                self.maxs[name] = hi
+
+    def to_json(self) -> str:
+        mins = {k: v for k, v in ((k, _stat_value(v, False)) for k, v in self.mins.items()) if v is not None}
+        maxs = {k: v for k, v in ((k, _stat_value(v, True)) for k, v in self.maxs.items()) if v is not None}
+        return json.dumps({"numRecords": self.rows, "minValues": mins, "maxValues": maxs, "nullCount": self.nulls},
+                          separators=(",", ":"))
+
+
+@dataclass
+class _OpenFile:
+    relative: str
+    stream: Any
+    writer: Any
+    partition_values: dict[str, str | None]
+    stats: _Stats = field(default_factory=_Stats)
+
+
+class FileWriter:
+    """Writes one task attempt's rows as parquet data files under the table root. Executor side.
+
+    Args:
+        root: the table's location.
+        link, epoch, partition, attempt: name the files (see :func:`file_name`).
+        partition_by: the table's partition columns (not stored in the files, as Delta does).
+        target_bytes: a file is closed and a new one started after about this many bytes.
+    """
+
+    def __init__(self, root: str, link: str, epoch: int, partition: int, attempt: int,
+                 partition_by: tuple[str, ...] = (), target_bytes: int = 128 << 20) -> None:
+        self.fs, self.root = filesystem(root)
+        self.naming = (link, epoch, partition, attempt)
+        self.partition_by = partition_by
+        self.target_bytes = target_bytes
+        self.schema: pa.Schema | None = None
+        self._open: dict[tuple[str | None, ...], _OpenFile] = {}
+        self._written: list[str] = []
+        self.adds: list[dict[str, Any]] = []
+        self.rows = 0
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        """Appends a batch (already in the table's schema) to the files of its partition values."""
+        if batch.num_rows == 0:
+            return
+        if self.schema is None:
+            self.schema = batch.schema
+        self.rows += batch.num_rows
+        if not self.partition_by:
+            self._append((), {}, batch)
+            return
+        table = pa.Table.from_batches([batch])
+        keys = table.select(list(self.partition_by)).group_by(list(self.partition_by)).aggregate([]).to_pylist()
+        data_cols = [n for n in batch.schema.names if n not in self.partition_by]
+        for key in keys:
+            mask = None
+            for col in self.partition_by:
+                value = key[col]
+                cond = pc.is_null(table[col]) if value is None else pc.equal(table[col], pa.scalar(value, table[col].type))
+                cond = pc.fill_null(cond, False)
+                mask = cond if mask is None else pc.and_(mask, cond)
+            part = table.filter(mask).select(data_cols)
+            values = {c: partition_value(key[c]) for c in self.partition_by}
+            for b in part.to_batches():
+                self._append(tuple(values[c] for c in self.partition_by), values, b)
+
+    def _append(self, key: tuple[str | None, ...], values: dict[str, str | None], batch: pa.RecordBatch) -> None:
+        import pyarrow.parquet as pq
+
+        f = self._open.get(key)
+        if f is None:
+            dirs = "".join(f"{c}={quote(v if v is not None else '__HIVE_DEFAULT_PARTITION__', safe='')}/"
+                           for c, v in values.items())
+            relative = dirs + file_name(*self.naming)
+            full = f"{self.root}/{relative}"
+            self.fs.create_dir(f"{self.root}/{dirs}".rstrip("/"), recursive=True)
+            stream = self.fs.open_output_stream(full)
+            self._written.append(full)
+            f = _OpenFile(relative, stream, pq.ParquetWriter(stream, batch.schema, compression="snappy"), values)
+            self._open[key] = f
+        f.writer.write_batch(batch)
+        f.stats.add(batch)
+        if f.stream.tell() >= self.target_bytes:
+            self._close(key)
+
+    def _close(self, key: tuple[str | None, ...]) -> None:
+        f = self._open.pop(key)
+        f.writer.close()
+        size = f.stream.tell()
+        f.stream.close()
+        self.adds.append({
+            # The path as on disk: delta-rs URI-encodes it when it writes the log.
+            "path": f.relative, "size": size, "partitionValues": f.partition_values,
+            "modificationTime": int(time.time() * 1000), "dataChange": True, "stats": f.stats.to_json(),
+        })
+
+    def close(self) -> list[dict[str, Any]]:
+        """Closes every open file; returns the add actions (JSON-able dicts) of all files written."""
+        for key in list(self._open):
+            self._close(key)
+        return self.adds
+
+    def discard(self) -> None:
+        """Deletes every file this attempt wrote (the task failed before reporting them)."""
+        for f in self._open.values():
+            f.stream.close()
+        self._open.clear()
+        for path in self._written:
+            try:
+                self.fs.delete_file(path)
+            except FileNotFoundError:
+                pass
+
+
+def add_actions(adds: list[dict[str, Any]]) -> list[Any]:
+    """deltalake AddAction objects from the JSON-able dicts tasks return. Driver side."""
+    from deltalake.transaction import AddAction
+
+    return [AddAction(a["path"], a["size"], a["partitionValues"], a["modificationTime"], a["dataChange"], a["stats"])
+            for a in adds]

@@ -1,0 +1,260 @@
+"""The ``lastagent-delta`` streaming sink: a Delta table as the last agent, with Kafka side outputs.
+
+* ``__init__`` runs on the driver at query start (and again, without recovery, for each
+  epoch's commit): it reads the table's schema, checks the query against it, finishes what a
+  crash left (Kafka side-output branches of decided epochs committed, the rest rolled back) and
+  deletes data files no decision references.
+* ``write`` runs on executors, one task attempt at a time: headers filter, transformer, cast to
+  the table's schema, parquet files under the table root (not yet visible), side-topic and
+  dead-letter records in a Kafka branch flushed and left open (prepared). The commit message
+  holds the files' add actions and the branch handle.
+* ``commit`` runs on the driver: one Delta commit with every add action, ``txn(link, epoch)``
+  and the arbitration record decides the epoch; the Kafka branches commit after it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
+
+from lastagent import faults
+from lastagent.kafka_xa import BranchHandle, BranchWriter
+from lastagent.sinks import dead_letters, transformer
+from lastagent.sinks.delta_commit import StagedEpoch, TargetTableStore, schema_diff, schema_error
+from lastagent.sinks.delta_files import FileWriter, delta_arrow_schema
+from lastagent.sinks.delta_sink_options import DeltaSinkOptions
+from lastagent.sinks.kafka_sink import BATCH_ID_PROPERTY, building_for_commit
+
+log = logging.getLogger("lastagent.delta")
+
+
+@dataclass(frozen=True)
+class DeltaMessage(WriterCommitMessage):
+    """A task's commit message: its data files (add actions, JSON) and its Kafka branch handle."""
+
+    epoch: int
+    partition: int
+    attempt: int
+    adds: tuple[str, ...]
+    schema_json: str | None
+    handle: str | None
+    rows: int = 0
+    dead_letters: int = 0
+
+
+def _delta_schema_json(schema: pa.Schema) -> str:
+    from deltalake import Schema
+
+    return Schema.from_arrow(delta_arrow_schema(schema)).to_json()
+
+
+class _Outputs:
+    """One task attempt's Kafka side outputs and dead letters, in one lazily started branch. Executor."""
+
+    def __init__(self, options: DeltaSinkOptions, epoch: int, partition: int, attempt: int) -> None:
+        self.options, self.epoch = options, epoch
+        self.tid = options.transactional_id(partition, attempt)
+        self.branch: BranchWriter | None = None
+        self.dead = 0
+
+    def _writer(self) -> BranchWriter:
+        if self.branch is None:
+            self.branch = BranchWriter(self.options.client_config, self.tid, self.options.transaction_timeout_ms)
+        return self.branch
+
+    def side(self, batch: pa.RecordBatch) -> None:
+        """Every delivered row, as JSON, to every side topic; a row too large goes to the dead letters."""
+        if not self.options.side_topics or batch.num_rows == 0:
+            return
+        from confluent_kafka import KafkaError, KafkaException
+
+        writer = self._writer()
+        for row in batch.to_pylist():
+            value, key = dead_letters.row_json(row), row.get("key")
+            key = key.encode() if isinstance(key, str) else key if isinstance(key, bytes) else None
+            for topic in self.options.side_topics:
+                try:
+                    writer.send(topic, value, key)
+                except KafkaException as exc:
+                    if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
+                        raise
+                    self.dead_letter(row, "record-too-large", f"side topic {topic}: {exc.args[0].str()}")
+
+    def dead_letter(self, row: pa.RecordBatch | dict[str, Any], reason: str, error: BaseException | str) -> None:
+        """Sends one record to the dead-letter topic, or fails the batch naming the record."""
+        if isinstance(row, pa.RecordBatch):
+            row = row.to_pylist()[0]
+        where = dead_letters.describe(row)
+        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        if not self.options.dead_letter_topic:
+            raise dead_letters.DeadLetterError(
+                f"{where} failed ({reason}: {text}) and no dead-letter topic is configured; set option "
+                "deadLetterTopic to route such records, or fix the record. Nothing was committed for this batch")
+        key, value, headers = dead_letters.dead_letter(row, reason, text, self.options.link, self.epoch)
+        last: Exception | None = None
+        for _ in range(self.options.dead_letter_attempts):
+            try:
+                self._writer().send(self.options.dead_letter_topic, value, key, headers)
+                self.dead += 1
+                log.warning("link %s epoch %d: %s sent to dead-letter topic %s (%s: %s)", self.options.link,
+                            self.epoch, where, self.options.dead_letter_topic, reason, text[:200])
+                return
+            except Exception as exc:  # noqa: BLE001 — retried, then the batch fails with it
+                last = exc
+        raise dead_letters.DeadLetterError(
+            f"{where} failed ({reason}: {text}) and dead-letter topic {self.options.dead_letter_topic} did not take "
+            f"it after {self.options.dead_letter_attempts} attempt(s): {last}; nothing was committed for this batch")
+
+    def prepare(self) -> BranchHandle | None:
+        return None if self.branch is None else self.branch.prepare()
+
+    def abort(self) -> None:
+        if self.branch is not None:
+            self.branch.abort_local()
+
+
+class DeltaStreamWriter(DataSourceStreamArrowWriter):
+    """Spark's stream writer for ``lastagent-delta``.
+
+    Args:
+        options: the writeStream options (case-insensitive map from Spark).
+        schema: the query's output schema.
+    """
+
+    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+        from lastagent.committer import Committer
+
+        self.options = DeltaSinkOptions.parse(options)
+        self.query_schema_json = schema.json()
+        self.table_schema_json: str | None = None
+        self.decided_through = -1
+        if self.options.transformer:
+            transformer.load(self.options.transformer)  # fail at start, naming the option
+        if building_for_commit():
+            return
+        store = self._store()
+        table = store.table()
+        if table is not None:
+            self.table_schema_json = table.schema().to_json()
+            existing = tuple(table.metadata().partition_columns)
+            if self.options.partition_by and tuple(self.options.partition_by) != existing:
+                from lastagent.errors import OptionError
+
+                raise OptionError("partitionBy", f"{list(self.options.partition_by)} differs from the partition "
+                                                 f"columns of Delta table {self.options.path}: {list(existing)}")
+            if not self.options.transformer:
+                problems, _ = schema_diff(self.table_schema_json, self.query_schema_json, self.options.merge_schema)
+                if problems:
+                    raise schema_error(self.options.path, problems)
+        with Committer(self.options, store=store) as committer:
+            self.decided_through = committer.start()
+        store.sweep(self.options.link, self.decided_through)
+
+    def _store(self) -> TargetTableStore:
+        return TargetTableStore(self.options.path, self.options.partition_by, self.options.merge_schema,
+                                None if self.options.transformer else self.query_schema_json,
+                                self.options.checkpoint_location)
+
+    # -- executor ---------------------------------------------------------------------------
+
+    def write(self, iterator: Iterator[Any]) -> DeltaMessage:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        epoch = int(ctx.getLocalProperty(BATCH_ID_PROPERTY) or -1)
+        partition, attempt = ctx.partitionId(), ctx.attemptNumber()
+        if 0 <= epoch <= self.decided_through:
+            for _ in iterator:  # the epoch's decision stands: write nothing
+                pass
+            return DeltaMessage(epoch, partition, attempt, (), None, None)
+        opts = self.options
+        faults.point("before_files")
+        fn = transformer.load(opts.transformer) if opts.transformer else None
+        target = None
+        if self.table_schema_json is not None:
+            from deltalake import Schema
+
+            target = delta_arrow_schema(pa.schema(Schema.from_json(self.table_schema_json).to_arrow()))
+        files = FileWriter(opts.path, opts.link, epoch, partition, attempt, opts.partition_by, opts.target_file_bytes)
+        outputs = _Outputs(opts, epoch, partition, attempt)
+        try:
+            for batch in iterator:
+                batch = dead_letters.filter_headers(batch, opts.keep_headers, opts.drop_headers)
+                out = [batch]
+                if fn is not None:
+                    out, failed = transformer.apply(fn, batch)
+                    for f in failed:
+                        outputs.dead_letter(f.row, f.reason, f.error)
+                for b in out:
+                    b = b.cast(delta_arrow_schema(b.schema)) if target is None else b
+                    # The first batch fixes the schema of a new table for the rest of the task.
+                    target = target if target is not None else b.schema
+                    ok, failed = transformer.conform(b, target, opts.merge_schema)
+                    for f in failed:
+                        outputs.dead_letter(f.row, f.reason, f.error)
+                    for good in ok:
+                        files.write(good)
+                        outputs.side(good)
+                faults.point("task_mid_write")
+            adds = files.close()
+            handle = outputs.prepare()
+        except BaseException:
+            # Nothing was reported: remove this attempt's files and end its branch here.
+            try:
+                files.discard()
+                outputs.abort()
+            except Exception as exc:  # noqa: BLE001 — the original failure is what matters
+                log.warning("epoch %d task %d.%d: cleanup after a failed write also failed: %s",
+                            epoch, partition, attempt, exc)
+            raise
+        faults.point("after_files")
+        schema_json = _delta_schema_json(files.schema) if files.schema is not None else None
+        return DeltaMessage(epoch, partition, attempt, tuple(json.dumps(a) for a in adds), schema_json,
+                            None if handle is None else handle.to_json(), files.rows, outputs.dead)
+
+    # -- driver -----------------------------------------------------------------------------
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        from lastagent.committer import Committer
+
+        msgs = [m for m in messages if isinstance(m, DeltaMessage)]
+        staged = self._staged(msgs)
+        with Committer(self.options, store=self._store()) as committer:
+            committer.commit(batchId, _handles(msgs), data=staged)
+        rows, dead = sum(m.rows for m in msgs), sum(m.dead_letters for m in msgs)
+        log.info("link %s epoch %d: committed %d rows in %d files to %s; %d dead letters", self.options.link,
+                 batchId, rows, len(staged.adds), self.options.path, dead)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        from lastagent.committer import Committer
+
+        msgs = [m for m in messages if isinstance(m, DeltaMessage)]
+        store = self._store()
+        with Committer(self.options, store=store) as committer:
+            committer.abort(batchId, _handles(msgs))
+        if store.get(self.options.link, batchId) is None:
+            store.discard(self._staged(msgs, check=False))
+
+    def _staged(self, msgs: list[DeltaMessage], check: bool = True) -> StagedEpoch:
+        """The epoch's files; tasks that disagree on the schema fail the epoch before any commit."""
+        schemas = {m.schema_json for m in msgs if m.schema_json is not None}
+        staged = StagedEpoch(tuple(json.loads(a) for m in msgs for a in m.adds), next(iter(schemas), None),
+                             tuple((m.partition, m.attempt) for m in msgs if m.adds))
+        if check and len(schemas) > 1:
+            first, *rest = schemas
+            problems = [p for other in rest for p in schema_diff(first, other, False)[0]]
+            if problems:
+                TargetTableStore(self.options.path).discard(staged)
+                raise schema_error(self.options.path, problems)
+        return staged
+
+
+def _handles(messages: list[DeltaMessage]) -> list[BranchHandle]:
+    return [BranchHandle.from_json(m.handle) for m in messages if m.handle is not None]

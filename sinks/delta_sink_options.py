@@ -1,0 +1,210 @@
+"""Options of the ``lastagent-delta`` sink, parsed once at query start. Driver side.
+
+The Delta table is the last agent: its own commit decides the epoch, so there is no
+``arbitrationTable``. Kafka settings (``kafka.*``) are needed only when the link has Kafka side
+outputs (``deadLetterTopic``, ``sideTopics``). Every error names the option and what would be
+right.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from lastagent import xid
+from lastagent.errors import OptionError
+from lastagent.sinks.kafka_sink_options import DEFAULT_TRANSACTION_TIMEOUT_MS
+
+#: Producer settings the sink owns (same reasons as the Kafka sink's).
+_RESERVED = ("kafka.transactional.id", "kafka.enable.idempotence", "kafka.key.serializer",
+             "kafka.value.serializer")
+
+#: The sink's options: name → (default or None when required, description). docs/options.md is
+#: generated from this table.
+DELTA_SINK_OPTIONS: dict[str, tuple[str | None, str]] = {
+    "path": (None, "Location of the target Delta table (.start(path) or .option('path', ...)); created on the "
+                   "first batch."),
+    "link": (None, "Stable name of this link (query). Its epochs are recorded in the table as Delta txn actions "
+                   "(appId = link) and it names the Kafka side outputs' transactional ids; renaming it breaks "
+                   "recovery."),
+    "checkpointLocation": (None, "Spark's checkpoint location (required: recovery depends on it)."),
+    "partitionBy": ("", "Comma-separated partition columns used when the sink creates the table "
+                        "(writeStream.partitionBy works too); must match an existing table's."),
+    "mergeSchema": ("false", "true: new columns of the query are added to the table's schema (as Delta's "
+                             "mergeSchema). false: a schema mismatch fails the query before anything is "
+                             "committed."),
+    "targetFileSizeMB": ("128", "A task starts a new data file after this many megabytes (bounded memory; "
+                                "no flood of tiny files at small triggers beyond one file per task and "
+                                "partition value)."),
+    "transformer": ("", "A Python callable 'module:function' applied on executors to each Arrow record batch "
+                        "before delivery (pyarrow.RecordBatch -> pyarrow.RecordBatch or Table). If it fails on "
+                        "a batch, it is applied record by record and failing records go to the dead letters."),
+    "deadLetterTopic": ("", "Kafka topic for records that fail the transformer, fail conversion to the table's "
+                            "schema, or are too large for a side topic; written in the same epoch (a prepared "
+                            "Kafka branch committed after the Delta commit). Unset: such a record fails the batch "
+                            "— nothing is dropped."),
+    "deadLetterSendAttempts": ("3", "Attempts to hand one dead letter to the dead-letter topic before the "
+                                    "batch fails."),
+    "sideTopics": ("", "Comma-separated Kafka topics that receive every delivered row as a follow-up message "
+                       "(value: the row as JSON, key: the 'key' column if any), in the same epoch."),
+    "keepHeaders": ("", "Comma-separated header keys to keep in the 'headers' column (others are dropped)."),
+    "dropHeaders": ("", "Comma-separated header keys to drop from the 'headers' column."),
+    "kafka.bootstrap.servers": ("", "Kafka bootstrap servers; required with deadLetterTopic or sideTopics."),
+    "kafka.transaction.timeout.ms": (str(DEFAULT_TRANSACTION_TIMEOUT_MS),
+                                     "Kafka aborts a prepared side-output branch after this; at most the broker's "
+                                     "transaction.max.timeout.ms."),
+    "phase2Parallelism": ("8", "Kafka branches committed in parallel after the Delta commit."),
+}
+_KNOWN = {k.lower(): k for k in DELTA_SINK_OPTIONS}
+#: Spark passes writeStream.partitionBy(...) to data sources under this key (a JSON list).
+SPARK_PARTITION_KEY = "__partition_columns"
+_COLUMN = re.compile(r"^[^ ,;{}()\n\t=]+$")
+
+
+def _int(opts: Mapping[str, str], name: str, minimum: int) -> int:
+    raw = opts.get(name.lower(), DELTA_SINK_OPTIONS[name][0])
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise OptionError(name, f"{raw!r} is not an integer; give a whole number >= {minimum}") from None
+    if value < minimum:
+        raise OptionError(name, f"{value} is too small; give a whole number >= {minimum}")
+    return value
+
+
+def _bool(opts: Mapping[str, str], name: str) -> bool:
+    raw = str(opts.get(name.lower(), DELTA_SINK_OPTIONS[name][0])).strip().lower()
+    if raw not in ("true", "false"):
+        raise OptionError(name, f"{raw!r} is not a boolean; give true or false")
+    return raw == "true"
+
+
+def _names(opts: Mapping[str, str], name: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in str(opts.get(name.lower(), "")).split(",") if n.strip())
+
+
+def _partition_by(opts: Mapping[str, str]) -> tuple[str, ...]:
+    cols = _names(opts, "partitionBy")
+    spark = opts.get(SPARK_PARTITION_KEY)
+    if spark:
+        try:
+            from_spark = tuple(json.loads(spark))
+        except ValueError:
+            from_spark = tuple(c.strip() for c in spark.strip("[]").split(",") if c.strip())
+        if cols and from_spark and tuple(c.strip('"') for c in from_spark) != cols:
+            raise OptionError("partitionBy", f"{list(cols)} differs from writeStream.partitionBy{list(from_spark)}; "
+                                             "give one of them")
+        cols = cols or tuple(c.strip('"') for c in from_spark)
+    for c in cols:
+        if not _COLUMN.match(c):
+            raise OptionError("partitionBy", f"{c!r} is not a valid column name")
+    return cols
+
+
+def _transformer(opts: Mapping[str, str]) -> str | None:
+    spec = str(opts.get("transformer", "")).strip()
+    if not spec:
+        return None
+    module, sep, func = spec.partition(":")
+    if not sep or not module or not func or not func.isidentifier():
+        raise OptionError("transformer", f"{spec!r} is not 'module:function', e.g. 'my_pkg.rules:clean'")
+    return spec
+
+
+@dataclass(frozen=True)
+class DeltaSinkOptions:
+    """The ``lastagent-delta`` sink's checked options (picklable; shipped to executors)."""
+
+    path: str
+    link: str
+    checkpoint_location: str
+    partition_by: tuple[str, ...] = ()
+    merge_schema: bool = False
+    target_file_bytes: int = 128 << 20
+    transformer: str | None = None
+    dead_letter_topic: str | None = None
+    dead_letter_attempts: int = 3
+    side_topics: tuple[str, ...] = ()
+    keep_headers: tuple[str, ...] = ()
+    drop_headers: tuple[str, ...] = ()
+    client_config: dict[str, str] = field(default_factory=dict)
+    transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS
+    phase2_parallelism: int = 8
+    # Read by the committer; the table's own commit history is the arbitration, so Delta's log
+    # retention (not ours) decides how long records stay.
+    cleanup_every: int = 1 << 62
+    retention_epochs: int = 0
+
+    @property
+    def has_kafka(self) -> bool:
+        """True when the link writes Kafka side outputs (and so has Kafka branches)."""
+        return bool(self.dead_letter_topic or self.side_topics)
+
+    @property
+    def id_prefix(self) -> str:
+        return xid.id_prefix(self.link)
+
+    def transactional_id(self, partition: int, attempt: int) -> str:
+        """The side-output branch id of one task attempt: bounded per link, reused across epochs."""
+        return xid.transactional_id(self.link, partition, attempt)
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> "DeltaSinkOptions":
+        """Parses Spark's (case-insensitive) option map.
+
+        Raises:
+            OptionError: naming the first bad option and what would be right.
+        """
+        opts = {k.lower(): str(v) for k, v in options.items()}
+        for key in opts:
+            if key == SPARK_PARTITION_KEY:
+                continue
+            if key.startswith("kafka."):
+                if key in _RESERVED:
+                    raise OptionError(key, "is set by the sink and cannot be given")
+                continue
+            if key not in _KNOWN:
+                near = difflib.get_close_matches(key, list(_KNOWN), n=1)
+                hint = f"did you mean '{_KNOWN[near[0]]}'? " if near else ""
+                valid = ", ".join(sorted(k for k in DELTA_SINK_OPTIONS if not k.startswith("kafka.")))
+                raise OptionError(key, f"unknown option for the lastagent-delta sink; {hint}valid options: {valid}, "
+                                       "and kafka.* producer settings")
+        hints = {
+            "path": "give the target table: .start('/data/orders') or .option('path', '/data/orders')",
+            "link": "give the query a stable name, e.g. .option('link', 'orders-to-delta')",
+            "checkpointLocation": "exactly-once needs Spark's checkpoint: .option('checkpointLocation', path)",
+        }
+        for required, hint in hints.items():
+            if not opts.get(required.lower(), "").strip():
+                raise OptionError(required, f"is required; {hint}")
+        dead_letter = opts.get("deadlettertopic", "").strip() or None
+        side = _names(opts, "sideTopics")
+        client = {k[len("kafka."):]: v for k, v in opts.items() if k.startswith("kafka.")}
+        client.pop("transaction.timeout.ms", None)
+        if (dead_letter or side) and not client.get("bootstrap.servers", "").strip():
+            which = "deadLetterTopic" if dead_letter else "sideTopics"
+            raise OptionError("kafka.bootstrap.servers", f"is required when '{which}' is set; "
+                                                         "e.g. .option('kafka.bootstrap.servers', 'host:9092')")
+        keep, drop = _names(opts, "keepHeaders"), _names(opts, "dropHeaders")
+        if keep and drop:
+            raise OptionError("keepHeaders", "give keepHeaders or dropHeaders, not both")
+        return cls(
+            path=opts["path"].strip(),
+            link=xid.check_link(opts["link"].strip()),
+            checkpoint_location=opts["checkpointlocation"].strip(),
+            partition_by=_partition_by(opts),
+            merge_schema=_bool(opts, "mergeSchema"),
+            target_file_bytes=_int(opts, "targetFileSizeMB", 1) << 20,
+            transformer=_transformer(opts),
+            dead_letter_topic=dead_letter,
+            dead_letter_attempts=_int(opts, "deadLetterSendAttempts", 1),
+            side_topics=side,
+            keep_headers=keep,
+            drop_headers=drop,
+            client_config=client,
+            transaction_timeout_ms=_int(opts, "kafka.transaction.timeout.ms", 1000),
+            phase2_parallelism=_int(opts, "phase2Parallelism", 1),
+        )

@@ -1,0 +1,192 @@
+"""The lastagent-delta sink on real Spark, a real broker and tables read back by Spark's Delta reader."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, Producer
+from support import read_committed
+
+from lastagent.kafka_xa import KafkaXAResource
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def source(spark, tmp_path):
+    """A Delta table of 3 commits x 40 rows: each becomes one micro-batch."""
+    path = str(tmp_path / "source")
+    for f in range(3):
+        (spark.range(f * 40, (f + 1) * 40, numPartitions=2)
+         .selectExpr("id", "CAST(id % 3 AS STRING) AS region", "CAST(id AS STRING) AS name",
+                     "TIMESTAMP '2026-01-01 00:00:00' + make_interval(0, 0, 0, 0, 0, 0, id) AS ts")
+         .write.format("delta").mode("append").save(path))
+    return path
+
+
+def _write(spark, source, tmp_path, table, select=None, link=None, **options):
+    df = spark.readStream.format("delta").option("maxFilesPerTrigger", "2").load(source)
+    if select:
+        df = df.selectExpr(*select)
+    writer = (df.writeStream.format("lastagent-delta").option("link", link or f"d-{uuid.uuid4().hex[:8]}")
+              .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True))
+    for k, v in options.items():
+        writer = writer.option(k, v)
+    return writer.start(table)
+
+
+def test_epochs_commit_once_and_spark_reads_the_table(spark, source, tmp_path):
+    from deltalake import DeltaTable
+
+    table = str(tmp_path / "out")
+    link = f"d-{uuid.uuid4().hex[:8]}"
+    q = _write(spark, source, tmp_path, table, link=link, partitionBy="region")
+    q.awaitTermination()
+    epochs = [p["batchId"] for p in q.recentProgress if p["numInputRows"] > 0]
+    out = spark.read.format("delta").load(table)
+    assert sorted(r.id for r in out.select("id").collect()) == list(range(120))
+    assert out.schema.simpleString() == "struct<id:bigint,region:string,name:string,ts:timestamp>"
+    assert out.filter("id = 61").collect()[0].ts.isoformat() == "2026-01-01T00:01:01"
+    dt = DeltaTable(table)
+    assert dt.metadata().partition_columns == ["region"]
+    assert dt.transaction_version(link) == max(epochs)
+    # One commit per epoch, each with its arbitration record; files carry statistics.
+    commits = [c for c in dt.history() if c.get("lastagent.link") == link]
+    assert sorted(int(c["lastagent.epoch"]) for c in commits) == sorted(epochs)
+    assert all(c["lastagent.branches"] == "[]" for c in commits)
+    import pyarrow as pa
+
+    adds = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+    assert sum(a["num_records"] for a in adds) == 120
+    assert all(a["min.id"] is not None and a["max.id"] >= a["min.id"] for a in adds)
+    # Data skipping on those statistics gives the right answer.
+    assert spark.read.format("delta").load(table).filter("id >= 100").count() == 20
+    # Spark's own appends to the table still work after ours.
+    spark.range(500, 501).selectExpr("id", "'0' AS region", "'x' AS name", "current_timestamp() AS ts") \
+        .write.format("delta").mode("append").save(table)
+    assert spark.read.format("delta").load(table).count() == 121
+
+
+def test_schema_mismatch_fails_at_start_naming_the_column(spark, source, tmp_path):
+    table = str(tmp_path / "out")
+    spark.range(1).selectExpr("CAST(id AS STRING) AS id").write.format("delta").save(table)
+    q = _write(spark, source, tmp_path, table, select=["id"])
+    with pytest.raises(Exception) as err:
+        q.awaitTermination()
+    assert "column 'id': the table has \"string\", the query gives \"long\"" in str(err.value)
+    assert "mergeSchema" in str(err.value)
+    from deltalake import DeltaTable
+
+    assert DeltaTable(table).version() == 0  # nothing committed
+
+
+def test_merge_schema_adds_new_columns(spark, source, tmp_path):
+    table = str(tmp_path / "out")
+    spark.range(1000, 1001).selectExpr("id").write.format("delta").save(table)
+    q = _write(spark, source, tmp_path, table, select=["id", "name"], mergeSchema="true")
+    q.awaitTermination()
+    out = spark.read.format("delta").load(table)
+    assert out.count() == 121 and out.filter("name IS NULL").count() == 1
+    assert out.filter("id = 7").collect()[0].name == "7"
+
+
+def test_orphan_files_of_undecided_epochs_are_removed_at_start(spark, source, tmp_path):
+    table = str(tmp_path / "out")
+    link = f"d-{uuid.uuid4().hex[:8]}"
+    _write(spark, source, tmp_path, table, link=link).awaitTermination()
+    from lastagent.sinks.delta_files import file_name
+
+    orphan = Path(table) / file_name(link, 99, 0, 0)
+    foreign = Path(table) / file_name("someone-else", 99, 0, 0)
+    orphan.write_bytes(b"x")
+    foreign.write_bytes(b"x")
+    # The restarted query plans its writer (and cleans up) when it has a batch to run.
+    (spark.range(120, 160).selectExpr("id", "'0' AS region", "CAST(id AS STRING) AS name",
+                                      "TIMESTAMP '2026-01-01 00:00:00' AS ts")
+     .write.format("delta").mode("append").save(source))
+    _write(spark, source, tmp_path, table, link=link).awaitTermination()
+    assert not orphan.exists() and foreign.exists()
+    assert spark.read.format("delta").load(table).count() == 160
+
+
+def _produce(bootstrap: str, topic: str, values: list[bytes], headers: list | None = None) -> None:
+    p = Producer({"bootstrap.servers": bootstrap})
+    for i, v in enumerate(values):
+        p.produce(topic, value=v, key=str(i).encode(), partition=i % 2, headers=headers)
+    p.flush(30)
+
+
+def _kafka_to_delta(spark, bootstrap, topic, table, ckpt, link, **options):
+    df = (spark.readStream.format("lastagent-kafka").option("kafka.bootstrap.servers", bootstrap)
+          .option("subscribe", topic).option("startingOffsets", "earliest").option("includeHeaders", "true")
+          .option("maxOffsetsPerTrigger", "20").load()
+          .selectExpr("CAST(key AS STRING) AS key", "value", "topic", "partition", "offset", "headers"))
+    writer = (df.writeStream.format("lastagent-delta").option("link", link).option("checkpointLocation", ckpt)
+              .option("kafka.bootstrap.servers", bootstrap).trigger(availableNow=True))
+    for k, v in options.items():
+        writer = writer.option(k, v)
+    return writer.start(table)
+
+
+def _headers_of(bootstrap: str, topic: str) -> list[dict[str, bytes]]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex, "isolation.level": "read_committed",
+                  "auto.offset.reset": "earliest"})
+    c.subscribe([topic])
+    out = []
+    for _ in range(40):
+        for m in c.consume(100, 0.5):
+            if m.error() is None:
+                out.append(dict(m.headers() or []))
+        if out:
+            break
+    c.close()
+    return out
+
+
+def test_poison_records_go_to_dead_letters_in_the_same_epoch(spark, tmp_path, kafka_bootstrap, new_topic):
+    topic, dlq, side = new_topic(partitions=2), new_topic(), new_topic(partitions=2)
+    values = [f"order-1-{i}".encode() for i in range(60)]
+    values[17] = b"poison"
+    _produce(kafka_bootstrap, topic, values, headers=[("trace", b"t"), ("secret", b"s")])
+    table, link = str(tmp_path / "out"), f"d-{uuid.uuid4().hex[:8]}"
+    q = _kafka_to_delta(spark, kafka_bootstrap, topic, table, str(tmp_path / "ckpt"), link,
+                        transformer="lastagent.demo:enrich", deadLetterTopic=dlq, sideTopics=side,
+                        dropHeaders="secret")
+    q.awaitTermination()
+    out = spark.read.format("delta").load(table)
+    assert out.count() == 59 and out.select("partition", "offset").distinct().count() == 59
+    assert sorted(r.amount for r in out.select("amount").collect()) == sorted(1000 + i for i in range(60) if i != 17)
+    assert {h.key for r in out.select("headers").collect() for h in r.headers} == {"trace"}
+    dead = read_committed(kafka_bootstrap, dlq, 1)
+    assert dead == [(b"17", b"poison")]
+    headers = _headers_of(kafka_bootstrap, dlq)[0]
+    assert headers["lastagent.dlq.reason"] == b"transformer-failed"
+    assert b"ValueError" in headers["lastagent.dlq.exception"]
+    assert headers["lastagent.dlq.link"] == link.encode() and headers["lastagent.dlq.source.topic"] == topic.encode()
+    follow = read_committed(kafka_bootstrap, side, 59)
+    assert Counter(json.loads(v)["amount"] for _, v in follow) == Counter(1000 + i for i in range(60) if i != 17)
+    with KafkaXAResource({"bootstrap.servers": kafka_bootstrap}) as xa:
+        assert xa.recover(f"lastagent-{link}-") == []
+
+
+def test_without_dead_letter_topic_a_poison_record_fails_the_batch(spark, tmp_path, kafka_bootstrap, new_topic):
+    topic = new_topic(partitions=2)
+    _produce(kafka_bootstrap, topic, [b"order-1-0", b"poison", b"order-1-2"])
+    table = str(tmp_path / "out")
+    q = _kafka_to_delta(spark, kafka_bootstrap, topic, table, str(tmp_path / "ckpt"), f"d-{uuid.uuid4().hex[:8]}",
+                        transformer="lastagent.demo:enrich")
+    with pytest.raises(Exception) as err:
+        q.awaitTermination()
+    assert f"record {topic}-1@0 failed (transformer-failed" in str(err.value)
+    assert "set option deadLetterTopic" in str(err.value)
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        assert DeltaTable(table).to_pyarrow_table().num_rows == 0
+    except TableNotFoundError:
+        pass  # nothing was ever committed
