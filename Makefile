@@ -59,6 +59,7 @@ test-chaos: setup
 bench: setup kafka-up
 	cd bench && ../$(PYTHON) source_bench.py | tee ../.cache/bench-source.json
 	cd bench && ../$(PYTHON) sink_bench.py | tee ../.cache/bench-sink.json
+	cd bench && ../$(PYTHON) delta_bench.py | tee ../.cache/bench-delta.json
 
 docs: setup
 	$(PYTHON) -m lastagent.options_doc > docs/options.md

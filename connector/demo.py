@@ -5,6 +5,9 @@
 2. That Delta table → `lastagent-kafka` exactly-once sink → a topic, the driver SIGKILLed
    after its second decision and restarted; proof read by an independent read_committed
    consumer: rows in, rows out, duplicates 0, in doubt 0.
+3. Kafka with poison records → the demo transformer → `lastagent-delta`, with a dead-letter topic
+   and a side topic in the same epoch, the driver SIGKILLed after its second Delta commit and
+   restarted; proof read by Spark's Delta reader and read_committed consumers.
 
 Run: ``python -m lastagent.demo`` (driver). Needs a broker: ``make kafka-up`` starts one.
 """
@@ -58,7 +61,7 @@ def source_act(bootstrap: str, workdir: str) -> tuple[bool, str]:
     admin.create_topics([NewTopic(topic, 3, 1)])
     admin.close()
     rows_in = produce(bootstrap, topic, txns=23, aborted=frozenset({3, 9, 15}))
-    print(f"demo 1/2: wrote {rows_in} committed rows (+ 3 aborted transactions) to topic {topic}")
+    print(f"demo 1/3: wrote {rows_in} committed rows (+ 3 aborted transactions) to topic {topic}")
 
     spark = local_session("lastagent-demo")
     spark.sparkContext.setLogLevel("ERROR")
@@ -82,7 +85,7 @@ def source_act(bootstrap: str, workdir: str) -> tuple[bool, str]:
         query.awaitTermination(0.5)
     query.stop()
     first = spark.read.format("delta").load(table).count()
-    print(f"demo 1/2: stopped after {first} rows; restarting from the checkpoint")
+    print(f"demo 1/3: stopped after {first} rows; restarting from the checkpoint")
     query = start({"availableNow": True})
     query.awaitTermination()
 
@@ -91,7 +94,7 @@ def source_act(bootstrap: str, workdir: str) -> tuple[bool, str]:
     distinct = out.select("topic", "partition", "offset").distinct().count()
     aborted = out.filter("value LIKE 'aborted-%'").count()
     spark.stop()
-    ok = _proof("1/2 Kafka -> lastagent-kafka source -> Delta (read back with Spark's Delta reader)", {
+    ok = _proof("1/3 Kafka -> lastagent-kafka source -> Delta (read back with Spark's Delta reader)", {
         "rows in (committed to Kafka)": rows_in, "rows out (Delta table)": rows_out,
         "duplicates": rows_out - distinct, "missing": rows_in - distinct, "aborted rows visible": aborted,
     }, rows_out == rows_in)
@@ -113,15 +116,15 @@ def sink_act(bootstrap: str, workdir: str, table: str) -> bool:
             "demo-shipments", topic]
     env = dict(os.environ, LASTAGENT_CRASH_AT="after_arbitration:2",
                LASTAGENT_CRASH_STATE=os.path.join(workdir, "crash-count"))
-    print(f"demo 2/2: Delta -> lastagent-kafka -> topic {topic}; the driver is SIGKILLed after its 2nd decision")
+    print(f"demo 2/3: Delta -> lastagent-kafka -> topic {topic}; the driver is SIGKILLed after its 2nd decision")
     code = subprocess.run([sys.executable, "-m", "lastagent.demo", "sink-driver", *args], env=env,
                           start_new_session=True, stderr=subprocess.DEVNULL).returncode
-    print(f"demo 2/2: driver exited with {code} ({'SIGKILL' if code == -signal.SIGKILL else 'no crash'}); restarting")
+    print(f"demo 2/3: driver exited with {code} ({'SIGKILL' if code == -signal.SIGKILL else 'no crash'}); restarting")
     env.pop("LASTAGENT_CRASH_AT")
     code = subprocess.run([sys.executable, "-m", "lastagent.demo", "sink-driver", *args], env=env,
                           start_new_session=True, stderr=subprocess.DEVNULL).returncode
     if code != 0:
-        print(f"demo 2/2: the restarted query failed with exit {code}")
+        print(f"demo 2/3: the restarted query failed with exit {code}")
         return False
     from deltalake import DeltaTable
 
@@ -133,11 +136,59 @@ def sink_act(bootstrap: str, workdir: str, table: str) -> bool:
     with Committer(options) as committer:
         in_doubt = len(committer.in_doubt())
         epochs = len(committer.store.records("demo-shipments"))
-    return _proof("2/2 Delta -> lastagent-kafka sink, killed once and restarted (independent read_committed consumer)", {
+    return _proof("2/3 Delta -> lastagent-kafka sink, killed once and restarted (independent read_committed consumer)", {
         "rows in (Delta table)": rows_in, "rows out (Kafka, read_committed)": len(values),
         "duplicates": len(values) - distinct, "missing": rows_in - distinct, "in doubt": in_doubt,
         "epochs decided": epochs,
     }, len(values) == rows_in)
+
+
+def delta_act(bootstrap: str, workdir: str) -> bool:
+    """Act 3: Kafka → transformer → lastagent-delta (+ dead letters, side topic), killed midway."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    suffix = uuid.uuid4().hex[:6]
+    topic, dlq, side = f"demo-payments-{suffix}", f"demo-dead-letters-{suffix}", f"demo-receipts-{suffix}"
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="lastagent-demo")
+    admin.create_topics([NewTopic(topic, 3, 1), NewTopic(dlq, 1, 1), NewTopic(side, 3, 1)])
+    admin.close()
+    good = produce(bootstrap, topic, txns=12, aborted=frozenset())
+    poison = [b"poison-1", b"\xff\xfe not an order", b"order-x-y"]
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i, value in enumerate(poison):
+        producer.produce(topic, key=f"poison-{i}".encode(), value=value, partition=i % 3)
+    producer.flush(30)
+    print(f"demo 3/3: wrote {good} orders and {len(poison)} poison records to {topic}; "
+          "Kafka -> lastagent-delta, SIGKILLed after its 2nd Delta commit")
+    table = os.path.join(workdir, "payments")
+    args = [bootstrap, topic, table, os.path.join(workdir, "checkpoint-delta"), "demo-payments", dlq, side, "4000"]
+    env = dict(os.environ, LASTAGENT_CRASH_AT="after_arbitration:2",
+               LASTAGENT_CRASH_STATE=os.path.join(workdir, "crash-count-delta"))
+    code = subprocess.run([sys.executable, "-m", "lastagent.demo", "delta-driver", *args], env=env,
+                          start_new_session=True, stderr=subprocess.DEVNULL).returncode
+    print(f"demo 3/3: driver exited with {code} ({'SIGKILL' if code == -signal.SIGKILL else 'no crash'}); restarting")
+    env.pop("LASTAGENT_CRASH_AT")
+    code = subprocess.run([sys.executable, "-m", "lastagent.demo", "delta-driver", *args], env=env,
+                          start_new_session=True, stderr=subprocess.DEVNULL).returncode
+    if code != 0:
+        print(f"demo 3/3: the restarted query failed with exit {code}")
+        return False
+    from lastagent.spark_session import local_session
+
+    spark = local_session("lastagent-demo")
+    spark.sparkContext.setLogLevel("ERROR")
+    out = spark.read.format("delta").load(table)
+    rows_out = out.count()
+    distinct = out.select("partition", "offset").distinct().count()
+    spark.stop()
+    dead = _read_committed(bootstrap, dlq, len(poison))
+    receipts = _read_committed(bootstrap, side, good)
+    return _proof("3/3 Kafka -> transformer -> lastagent-delta + dead letters + side topic, killed once and restarted", {
+        "rows in (Kafka)": good + len(poison), "rows out (Delta, Spark's reader)": rows_out,
+        "dead letters (read_committed)": len(dead), "receipts (side topic)": len(receipts),
+        "duplicates": (rows_out - distinct) + (len(dead) - len(set(dead))) + (len(receipts) - len(set(receipts))),
+        "missing": (good - distinct) + (len(poison) - len(set(dead))),
+    }, rows_out == good and len(dead) == len(poison) and len(receipts) == good)
 
 
 def _read_committed(bootstrap: str, topic: str, expect: int, timeout_s: float = 60.0) -> list[bytes]:
@@ -250,6 +301,7 @@ def delta_driver(bootstrap: str, topic: str, table: str, checkpoint: str, link: 
 def run(bootstrap: str, workdir: str) -> int:
     ok, table = source_act(bootstrap, workdir)
     ok = sink_act(bootstrap, workdir, table) and ok
+    ok = delta_act(bootstrap, workdir) and ok
     print("demo: OK" if ok else "demo: FAILED")
     return 0 if ok else 1
 

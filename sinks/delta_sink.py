@@ -226,8 +226,13 @@ class DeltaStreamWriter(DataSourceStreamArrowWriter):
 
         msgs = [m for m in messages if isinstance(m, DeltaMessage)]
         staged = self._staged(msgs)
-        with Committer(self.options, store=self._store()) as committer:
+        store = self._store()
+        with Committer(self.options, store=store) as committer:
             committer.commit(batchId, _handles(msgs), data=staged)
+        if any(m.attempt > 0 for m in msgs):
+            # Spark retried a task: the failed attempts' files are orphans. No task runs between
+            # epochs, so the start-of-query sweep is safe here too.
+            store.sweep(self.options.link, batchId)
         rows, dead = sum(m.rows for m in msgs), sum(m.dead_letters for m in msgs)
         log.info("link %s epoch %d: committed %d rows in %d files to %s; %d dead letters", self.options.link,
                  batchId, rows, len(staged.adds), self.options.path, dead)
