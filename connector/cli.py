@@ -3,6 +3,7 @@
 Examples::
 
     lastagent status  --link orders --arbitration-table /data/arb --bootstrap-servers host:9092
+    lastagent status  --link payments --table /data/payments --bootstrap-servers host:9092  # lastagent-delta
     lastagent recover --link orders --arbitration-table /data/arb --bootstrap-servers host:9092
     lastagent recover ... --apply                 # commit decided branches, roll back the rest
     lastagent recover ... --rollback lastagent-orders-3-0
@@ -24,15 +25,27 @@ from typing import Any
 from lastagent.errors import LastAgentError
 
 
-def _options(args: argparse.Namespace) -> Any:
+def _committer(args: argparse.Namespace) -> Any:
+    """The link's committer: arbitration in its own table (Kafka sink) or in the target table (Delta sink)."""
+    from lastagent.committer import Committer
+    from lastagent.kafka_xa import KafkaXAResource
+    from lastagent.sinks.delta_commit import TargetTableStore
+    from lastagent.sinks.delta_sink_options import DeltaSinkOptions
     from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 
-    raw = {"kafka.bootstrap.servers": args.bootstrap_servers, "link": args.link,
-           "arbitrationTable": args.arbitration_table, "checkpointLocation": "-"}
+    if bool(args.arbitration_table) == bool(args.table):
+        raise LastAgentError("give --arbitration-table (a lastagent-kafka link) or --table (a lastagent-delta "
+                             "link), not both or neither")
+    raw = {"kafka.bootstrap.servers": args.bootstrap_servers, "link": args.link, "checkpointLocation": "-"}
     for setting in args.kafka or []:
         key, _, value = setting.partition("=")
         raw[f"kafka.{key}"] = value
-    return KafkaSinkOptions.parse(raw)
+    if args.arbitration_table:
+        return Committer(KafkaSinkOptions.parse({**raw, "arbitrationTable": args.arbitration_table}))
+    options = DeltaSinkOptions.parse({**raw, "path": args.table})
+    # Side outputs are the query's options, not the command's: always look for open branches.
+    return Committer(options, store=TargetTableStore(args.table),
+                     xa=KafkaXAResource(options.client_config, options.transaction_timeout_ms))
 
 
 def _status(committer: Any) -> dict[str, Any]:
@@ -41,7 +54,7 @@ def _status(committer: Any) -> dict[str, Any]:
     in_doubt = committer.in_doubt()
     return {
         "link": committer.link,
-        "arbitration_table": committer.options.arbitration_table,
+        "arbitration_table": getattr(committer.options, "arbitration_table", None) or committer.options.path,
         "decided_epochs": len(records),
         "latest_decided_epoch": committer.store.latest_epoch(committer.link),
         "confirmed_through": max((r.confirmed_through for r in records), default=-1),
@@ -87,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
                        ("recover", "list in-doubt branches and the decision each would get; act on them")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--link", required=True, help="the link name (the 'link' option of the query)")
-        p.add_argument("--arbitration-table", required=True, help="the 'arbitrationTable' option of the query")
+        p.add_argument("--arbitration-table", help="the 'arbitrationTable' option of a lastagent-kafka query")
+        p.add_argument("--table", help="the target table of a lastagent-delta query (its commits are the arbitration)")
         p.add_argument("--bootstrap-servers", required=True, help="kafka.bootstrap.servers")
         p.add_argument("--kafka", action="append", metavar="KEY=VALUE", help="extra kafka.* client setting")
         p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -101,10 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from kafka.errors import KafkaError
 
-    from lastagent.committer import Committer
-
     try:
-        with Committer(_options(args)) as committer:
+        with _committer(args) as committer:
             if args.command == "status":
                 status = _status(committer)
                 print(json.dumps(status, indent=2)) if args.json else _print_status(status)

@@ -265,10 +265,11 @@ def enrich(batch: "pa.RecordBatch") -> "pa.RecordBatch":
 
 
 def delta_driver(bootstrap: str, topic: str, table: str, checkpoint: str, link: str, dead_letters: str,
-                 side: str, per_trigger: str = "1000") -> int:
+                 side: str, per_trigger: str = "1000", dead_letter_table: str = "") -> int:
     """A driver process for act 3 (and the crash tests): Kafka → transformer → lastagent-delta.
 
     Dead letters and follow-up messages (side topic) are committed in the same epoch as the table.
+    An empty ``dead_letters`` topic with a ``dead_letter_table`` sends dead letters to that table.
     """
     os.environ["LASTAGENT_CRASH_PGID"] = str(os.getpgid(0))
     from lastagent.spark_session import local_session
@@ -288,6 +289,7 @@ def delta_driver(bootstrap: str, topic: str, table: str, checkpoint: str, link: 
         .option("checkpointLocation", checkpoint)
         .option("transformer", "lastagent.demo:enrich")
         .option("deadLetterTopic", dead_letters)
+        .option("deadLetterTable", dead_letter_table)
         .option("sideTopics", side)
         .option("kafka.bootstrap.servers", bootstrap)
         .trigger(availableNow=True)

@@ -41,12 +41,15 @@ class StagedEpoch:
     Attributes:
         adds: add actions (JSON-able dicts) of every reported file.
         schema_json: the rows' schema (Delta/Spark JSON) as the tasks wrote them, or None.
-        attempts: (Spark partition, attempt) of every task whose files are in ``adds``.
+        attempts: (Spark partition, attempt) of every task whose files are in ``adds`` or
+            ``dead_letter_adds``.
+        dead_letter_adds: add actions of the epoch's files for the dead-letter table.
     """
 
     adds: tuple[dict[str, Any], ...]
     schema_json: str | None
     attempts: tuple[tuple[int, int], ...]
+    dead_letter_adds: tuple[dict[str, Any], ...] = ()
 
 
 def _strip(node: Any) -> Any:
@@ -97,11 +100,14 @@ class TargetTableStore:
         merge_schema: add the rows' new columns to the table (Delta's mergeSchema).
         fallback_schema_json: the table's schema when an epoch must create it without rows.
         checkpoint_location: Spark's checkpoint, to tell a renamed link from a new one.
+        dead_letter_table: the dead-letter Delta table (option ``deadLetterTable``), if any.
     """
 
     def __init__(self, path: str, partition_by: tuple[str, ...] = (), merge_schema: bool = False,
-                 fallback_schema_json: str | None = None, checkpoint_location: str | None = None) -> None:
+                 fallback_schema_json: str | None = None, checkpoint_location: str | None = None,
+                 dead_letter_table: str | None = None) -> None:
         self.path = path
+        self.dead_letter_table = dead_letter_table
         self.partition_by = partition_by
         self.merge_schema = merge_schema
         self.fallback_schema_json = fallback_schema_json
@@ -139,6 +145,9 @@ class TargetTableStore:
                     "lastagent.gxid": record.gxid, "lastagent.branches": json.dumps(list(record.branches)),
                     "lastagent.attempts": json.dumps([list(a) for a in staged.attempts]),
                     "lastagent.confirmed_through": str(record.confirmed_through)}
+        if staged.dead_letter_adds:
+            # Part of the decision: a restart commits exactly these files to the dead-letter table.
+            metadata["lastagent.dead_letter_adds"] = json.dumps(list(staged.dead_letter_adds))
         props = CommitProperties(custom_metadata=metadata, app_transactions=[
             Transaction(app_id=record.link, version=record.epoch, last_updated=record.decided_at_ms)])
         adds = delta_files.add_actions(list(staged.adds))
@@ -157,7 +166,7 @@ class TargetTableStore:
                 if table is None:
                     schema_json = staged.schema_json or self.fallback_schema_json
                     if schema_json is None:
-                        if adds or record.branches:
+                        if adds or record.branches or staged.dead_letter_adds:
                             raise ArbitrationError(
                                 f"cannot create Delta table {self.path}: the transformer produced no row yet, so "
                                 "its schema is unknown; create the table first or let the first batch have rows")
@@ -201,12 +210,70 @@ class TargetTableStore:
 
     def discard(self, staged: StagedEpoch) -> None:
         """Deletes staged files that no decision references."""
-        fs, root = delta_files.filesystem(self.path)
-        for a in staged.adds:
+        for path, adds in ((self.path, staged.adds), (self.dead_letter_table, staged.dead_letter_adds)):
+            if not adds or path is None:
+                continue
+            fs, root = delta_files.filesystem(path)
+            for a in adds:
+                try:
+                    fs.delete_file(f"{root}/{a['path']}")
+                except FileNotFoundError:
+                    pass
+
+    def complete_dead_letters(self, link: str, epoch: int) -> int:
+        """Commits a decided epoch's dead-letter files to the dead-letter table, exactly once.
+
+        The dead-letter table is a one-phase participant after the last agent: its commit
+        carries ``txn(link, epoch)``, so running this again (after a crash, at the next start)
+        adds nothing twice. Driver side.
+
+        Returns:
+            The number of files committed now (0 when none or already committed).
+        """
+        if self.dead_letter_table is None:
+            return 0
+        commit = next((c for c in self._commits() if c["lastagent.link"] == link
+                       and int(c["lastagent.epoch"]) == epoch), None)
+        adds = json.loads(commit.get("lastagent.dead_letter_adds", "[]")) if commit else []
+        if not adds:
+            return 0
+        from deltalake import DeltaTable, Schema
+        from deltalake.exceptions import CommitFailedError, TableNotFoundError
+        from deltalake.transaction import CommitProperties, Transaction, create_table_with_add_actions
+
+        from lastagent.sinks.dead_letters import TABLE_SCHEMA
+
+        props = CommitProperties(custom_metadata={"lastagent.link": link, "lastagent.epoch": str(epoch)},
+                                 app_transactions=[Transaction(app_id=link, version=epoch,
+                                                               last_updated=int(time.time() * 1000))])
+        for _ in range(10):
             try:
-                fs.delete_file(f"{root}/{a['path']}")
-            except FileNotFoundError:
-                pass
+                table = DeltaTable(self.dead_letter_table)
+            except TableNotFoundError:
+                table = None
+            done = None if table is None else table.transaction_version(link)
+            if done is not None and done >= epoch:
+                return 0
+            try:
+                if table is None:
+                    create_table_with_add_actions(self.dead_letter_table, Schema.from_arrow(TABLE_SCHEMA),
+                                                  delta_files.add_actions(adds), mode="error",
+                                                  commit_properties=props)
+                else:
+                    table.create_write_transaction(delta_files.add_actions(adds), "append", table.schema(),
+                                                   commit_properties=props)
+                log.info("link %s epoch %d: %d dead-letter file(s) committed to %s", link, epoch, len(adds),
+                         self.dead_letter_table)
+                return len(adds)
+            except CommitFailedError:
+                continue
+            except Exception as exc:  # noqa: BLE001 — "table exists" from a racing creator: re-read
+                if table is None:
+                    continue
+                raise ArbitrationError(f"cannot commit dead letters of {link!r} epoch {epoch} to "
+                                       f"{self.dead_letter_table}: {exc}") from exc
+        raise ArbitrationError(f"dead letters of {link!r} epoch {epoch}: too many concurrent commits to "
+                               f"{self.dead_letter_table}")
 
     # -- reading records --------------------------------------------------------------------
 
@@ -270,7 +337,9 @@ class TargetTableStore:
     # -- files of undecided epochs ------------------------------------------------------------
 
     def sweep(self, link: str, decided_through: int) -> int:
-        """Deletes the link's data files that no decision references. Driver, at query start only.
+        """Deletes the link's data files that no decision references, in the table and the dead-letter table.
+
+        Driver, at query start (and after an epoch whose tasks Spark retried).
 
         A file of an epoch newer than the newest decision was never committed; a file of a
         decided epoch from an attempt the decision does not list belongs to a failed or
@@ -279,15 +348,23 @@ class TargetTableStore:
         Returns:
             The number of files deleted.
         """
+        attempts = self.attempts(link) if decided_through >= 0 else {}
+        removed = 0
+        for path in (self.path, self.dead_letter_table):
+            if path is not None:
+                removed += self._sweep(path, link, decided_through, attempts)
+        return removed
+
+    @staticmethod
+    def _sweep(path: str, link: str, decided_through: int, attempts: dict[int, set[tuple[int, int]]]) -> int:
         from pyarrow import fs as pafs
 
-        filesystem, root = delta_files.filesystem(self.path)
+        filesystem, root = delta_files.filesystem(path)
         try:
             infos = filesystem.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
         except OSError as exc:
-            log.warning("cannot list %s to remove files of undecided epochs: %s", self.path, exc)
+            log.warning("cannot list %s to remove files of undecided epochs: %s", path, exc)
             return 0
-        attempts = self.attempts(link) if decided_through >= 0 else {}
         oldest_known = min(attempts, default=decided_through + 1)
         removed = 0
         for info in infos:
@@ -304,5 +381,5 @@ class TargetTableStore:
                 removed += 1
         if removed:
             log.info("link %s: deleted %d data file(s) of undecided epochs or failed attempts in %s",
-                     link, removed, self.path)
+                     link, removed, path)
         return removed

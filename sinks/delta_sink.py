@@ -47,6 +47,7 @@ class DeltaMessage(WriterCommitMessage):
     handle: str | None
     rows: int = 0
     dead_letters: int = 0
+    dead_letter_adds: tuple[str, ...] = ()
 
 
 def _delta_schema_json(schema: pa.Schema) -> str:
@@ -58,11 +59,17 @@ def _delta_schema_json(schema: pa.Schema) -> str:
 class _Outputs:
     """One task attempt's Kafka side outputs and dead letters, in one lazily started branch. Executor."""
 
+    #: Dead-letter table rows buffered before they are written to a file (bounded memory).
+    TABLE_CHUNK = 1000
+
     def __init__(self, options: DeltaSinkOptions, epoch: int, partition: int, attempt: int) -> None:
         self.options, self.epoch = options, epoch
         self.tid = options.transactional_id(partition, attempt)
         self.branch: BranchWriter | None = None
         self.dead = 0
+        self.table_files = (FileWriter(options.dead_letter_table, options.link, epoch, partition, attempt)
+                            if options.dead_letter_table else None)
+        self._table_rows: list[dict[str, Any]] = []
 
     def _writer(self) -> BranchWriter:
         if self.branch is None:
@@ -93,29 +100,56 @@ class _Outputs:
             row = row.to_pylist()[0]
         where = dead_letters.describe(row)
         text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-        if not self.options.dead_letter_topic:
+        opts = self.options
+        if not (opts.dead_letter_topic or opts.dead_letter_table):
             raise dead_letters.DeadLetterError(
-                f"{where} failed ({reason}: {text}) and no dead-letter topic is configured; set option "
-                "deadLetterTopic to route such records, or fix the record. Nothing was committed for this batch")
-        key, value, headers = dead_letters.dead_letter(row, reason, text, self.options.link, self.epoch)
-        last: Exception | None = None
-        for _ in range(self.options.dead_letter_attempts):
-            try:
-                self._writer().send(self.options.dead_letter_topic, value, key, headers)
-                self.dead += 1
-                log.warning("link %s epoch %d: %s sent to dead-letter topic %s (%s: %s)", self.options.link,
-                            self.epoch, where, self.options.dead_letter_topic, reason, text[:200])
-                return
-            except Exception as exc:  # noqa: BLE001 — retried, then the batch fails with it
-                last = exc
-        raise dead_letters.DeadLetterError(
-            f"{where} failed ({reason}: {text}) and dead-letter topic {self.options.dead_letter_topic} did not take "
-            f"it after {self.options.dead_letter_attempts} attempt(s): {last}; nothing was committed for this batch")
+                f"{where} failed ({reason}: {text}) and no dead-letter target is configured; set option "
+                "deadLetterTopic (or deadLetterTable) to route such records, or fix the record. Nothing was "
+                "committed for this batch")
+        key, value, headers = dead_letters.dead_letter(row, reason, text, opts.link, self.epoch)
+        refused = ""
+        if opts.dead_letter_topic:
+            last: Exception | None = None
+            for _ in range(opts.dead_letter_attempts):
+                try:
+                    self._writer().send(opts.dead_letter_topic, value, key, headers)
+                    self.dead += 1
+                    log.warning("link %s epoch %d: %s sent to dead-letter topic %s (%s: %s)", opts.link,
+                                self.epoch, where, opts.dead_letter_topic, reason, text[:200])
+                    return
+                except Exception as exc:  # noqa: BLE001 — retried, then the next target in the chain
+                    last = exc
+            refused = (f"dead-letter topic {opts.dead_letter_topic} did not take it after "
+                       f"{opts.dead_letter_attempts} attempt(s): {last}")
+        if self.table_files is None:
+            raise dead_letters.DeadLetterError(f"{where} failed ({reason}: {text}) and {refused}; nothing was "
+                                               "committed for this batch")
+        # The next link of the chain: a row for the dead-letter table, committed after the epoch's decision.
+        self._table_rows.append(dead_letters.table_row(key, value, headers))
+        self.dead += 1
+        log.warning("link %s epoch %d: %s goes to dead-letter table %s (%s: %s)%s", opts.link, self.epoch, where,
+                    opts.dead_letter_table, reason, text[:200], f"; {refused}" if refused else "")
+        if len(self._table_rows) >= self.TABLE_CHUNK:
+            self._flush_table_rows()
+
+    def _flush_table_rows(self) -> None:
+        if self._table_rows and self.table_files is not None:
+            self.table_files.write(pa.RecordBatch.from_pylist(self._table_rows, schema=dead_letters.TABLE_SCHEMA))
+            self._table_rows = []
+
+    def table_adds(self) -> list[dict[str, Any]]:
+        """Closes the dead-letter table's files; their add actions (empty without that table)."""
+        if self.table_files is None:
+            return []
+        self._flush_table_rows()
+        return self.table_files.close()
 
     def prepare(self) -> BranchHandle | None:
         return None if self.branch is None else self.branch.prepare()
 
     def abort(self) -> None:
+        if self.table_files is not None:
+            self.table_files.discard()
         if self.branch is not None:
             self.branch.abort_local()
 
@@ -155,12 +189,15 @@ class DeltaStreamWriter(DataSourceStreamArrowWriter):
                     raise schema_error(self.options.path, problems)
         with Committer(self.options, store=store) as committer:
             self.decided_through = committer.start()
+        if self.decided_through >= 0:
+            # Only the newest decided epoch can miss its dead-letter commit (epochs run one by one).
+            store.complete_dead_letters(self.options.link, self.decided_through)
         store.sweep(self.options.link, self.decided_through)
 
     def _store(self) -> TargetTableStore:
         return TargetTableStore(self.options.path, self.options.partition_by, self.options.merge_schema,
                                 None if self.options.transformer else self.query_schema_json,
-                                self.options.checkpoint_location)
+                                self.options.checkpoint_location, self.options.dead_letter_table)
 
     # -- executor ---------------------------------------------------------------------------
 
@@ -204,6 +241,7 @@ class DeltaStreamWriter(DataSourceStreamArrowWriter):
                         outputs.side(good)
                 faults.point("task_mid_write")
             adds = files.close()
+            table_adds = outputs.table_adds()
             handle = outputs.prepare()
         except BaseException:
             # Nothing was reported: remove this attempt's files and end its branch here.
@@ -217,7 +255,8 @@ class DeltaStreamWriter(DataSourceStreamArrowWriter):
         faults.point("after_files")
         schema_json = _delta_schema_json(files.schema) if files.schema is not None else None
         return DeltaMessage(epoch, partition, attempt, tuple(json.dumps(a) for a in adds), schema_json,
-                            None if handle is None else handle.to_json(), files.rows, outputs.dead)
+                            None if handle is None else handle.to_json(), files.rows, outputs.dead,
+                            tuple(json.dumps(a) for a in table_adds))
 
     # -- driver -----------------------------------------------------------------------------
 
@@ -229,6 +268,8 @@ class DeltaStreamWriter(DataSourceStreamArrowWriter):
         store = self._store()
         with Committer(self.options, store=store) as committer:
             committer.commit(batchId, _handles(msgs), data=staged)
+        faults.point("before_dead_letter_table")
+        store.complete_dead_letters(self.options.link, batchId)
         if any(m.attempt > 0 for m in msgs):
             # Spark retried a task: the failed attempts' files are orphans. No task runs between
             # epochs, so the start-of-query sweep is safe here too.
@@ -251,7 +292,8 @@ class DeltaStreamWriter(DataSourceStreamArrowWriter):
         """The epoch's files; tasks that disagree on the schema fail the epoch before any commit."""
         schemas = {m.schema_json for m in msgs if m.schema_json is not None}
         staged = StagedEpoch(tuple(json.loads(a) for m in msgs for a in m.adds), next(iter(schemas), None),
-                             tuple((m.partition, m.attempt) for m in msgs if m.adds))
+                             tuple((m.partition, m.attempt) for m in msgs if m.adds or m.dead_letter_adds),
+                             tuple(json.loads(a) for m in msgs for a in m.dead_letter_adds))
         if check and len(schemas) > 1:
             first, *rest = schemas
             problems = [p for other in rest for p in schema_diff(first, other, False)[0]]

@@ -46,6 +46,10 @@ DELTA_SINK_OPTIONS: dict[str, tuple[str | None, str]] = {
                             "schema, or are too large for a side topic; written in the same epoch (a prepared "
                             "Kafka branch committed after the Delta commit). Unset: such a record fails the batch "
                             "— nothing is dropped."),
+    "deadLetterTable": ("", "Path of a Delta table for dead letters the topic did not take (or all of them when "
+                            "deadLetterTopic is unset): the next link in the chain. Its rows are committed after "
+                            "the target table's commit, once per epoch (txn(link, epoch)). With neither set, a "
+                            "failing record fails the batch."),
     "deadLetterSendAttempts": ("3", "Attempts to hand one dead letter to the dead-letter topic before the "
                                     "batch fails."),
     "sideTopics": ("", "Comma-separated Kafka topics that receive every delivered row as a follow-up message "
@@ -126,6 +130,7 @@ class DeltaSinkOptions:
     target_file_bytes: int = 128 << 20
     transformer: str | None = None
     dead_letter_topic: str | None = None
+    dead_letter_table: str | None = None
     dead_letter_attempts: int = 3
     side_topics: tuple[str, ...] = ()
     keep_headers: tuple[str, ...] = ()
@@ -200,6 +205,7 @@ class DeltaSinkOptions:
             target_file_bytes=_int(opts, "targetFileSizeMB", 1) << 20,
             transformer=_transformer(opts),
             dead_letter_topic=dead_letter,
+            dead_letter_table=opts.get("deadlettertable", "").strip() or None,
             dead_letter_attempts=_int(opts, "deadLetterSendAttempts", 1),
             side_topics=side,
             keep_headers=keep,

@@ -1,13 +1,13 @@
 """Crash matrix for the lastagent-delta sink: SIGKILL the driver at each named protocol point.
 
 The driver (``python -m lastagent.demo delta-driver``) reads a topic with ``lastagent-kafka``,
-runs the demo transformer (poison records fail it) and writes ``lastagent-delta`` with a
-dead-letter topic and a side topic, several epochs of two tasks each. For each point: run until
-the fault kills the driver's whole process group, restart from the checkpoint, then check that
+runs the demo transformer (poison records fail it) and writes ``lastagent-delta`` with a side
+topic and dead letters (a dead-letter table, or a topic), several epochs of two tasks each. The
+driver is killed at each point in turn, each time restarted from the checkpoint; at the end
 every good record is in the Delta table exactly once (read by Spark's Delta reader), every
-poison record once in the dead-letter topic and every good record once in the side topic
-(independent read_committed consumers), that no transaction of the link is open, and that no
-data file of the link is left that the table does not reference.
+poison record once among the dead letters and every good record once in the side topic
+(independent read_committed consumer), no transaction of the link is open, and no data file of
+the link is left that its table does not reference.
 """
 
 from __future__ import annotations
@@ -67,25 +67,32 @@ def run_driver(args: list[str], crash_at: str | None, state: Path, timeout: floa
         raise
 
 
-@pytest.mark.parametrize("point", [
-    "before_files:3", "after_files:3", "after_arbitration:2", "between_branch_commits:2", "after_phase2:2",
-    "in_recovery:1",
-])
-def test_crash_and_restart_is_exactly_once(point, spark, kafka_bootstrap, new_topic, orders, tmp_path):
-    dlq, side = new_topic(), new_topic(partitions=2)
+#: One query's history, killed at every named point in turn (the fault counter restarts with each
+#: run), then run to the end. Epoch 0 is killed before its files, after them, after its Delta commit
+#: (decided, branches open, not in Spark's commit log), inside the recovery of that, between the
+#: recovery's branch commits, after the re-run epoch's phase 2 and before its dead-letter table
+#: commit. Each run restarts from the previous run's checkpoint, as a user's restart would.
+SCHEDULE = ["before_files:1", "after_files:2", "after_arbitration:1", "in_recovery:1", "between_branch_commits:1",
+            "after_phase2:1", "before_dead_letter_table:1"]
+
+
+def test_killed_at_every_point_in_turn_and_restarted_is_exactly_once(spark, kafka_bootstrap, new_topic, orders,
+                                                                      tmp_path):
+    side = new_topic(partitions=2)
     link = f"chaos-d-{uuid.uuid4().hex[:8]}"
-    table = str(tmp_path / "orders")
-    args = [kafka_bootstrap, orders, table, str(tmp_path / "ckpt"), link, dlq, side, PER_TRIGGER]
+    table, dead = str(tmp_path / "orders"), str(tmp_path / "dead-letters")
+    args = [kafka_bootstrap, orders, table, str(tmp_path / "ckpt"), link, "", side, PER_TRIGGER, dead]
     state = tmp_path / "crash"
-    if point.startswith("in_recovery"):
-        # Recovery has work only when a decided epoch is missing from Spark's commit log.
-        assert run_driver(args, "after_arbitration:2", state) == -signal.SIGKILL
+    for point in SCHEDULE:
         state.write_text("0")
-    code = run_driver(args, point, state)
-    assert code == -signal.SIGKILL, f"the driver was not killed at {point} (exit {code}); see {state}.log"
-    assert Path(str(state) + ".fired").read_text() == point.split(":")[0]
-    assert run_driver(args, None, state) == 0, f"restart failed; see {state}.log"
-    assert_exactly_once(spark, kafka_bootstrap, orders, table, dlq, side, link)
+        code = run_driver(args, point, state)
+        assert code == -signal.SIGKILL, f"the driver was not killed at {point} (exit {code}); see {state}.log"
+        assert Path(str(state) + ".fired").read_text() == point.split(":")[0]
+    assert run_driver(args, None, state) == 0, f"the last restart failed; see {state}.log"
+    dead_rows = spark.read.format("delta").load(dead).select("key", "reason").collect()
+    assert Counter(r.key for r in dead_rows) == Counter(str(i).encode() for i in POISON), "dead letters not once"
+    assert {r.reason for r in dead_rows} == {"transformer-failed"}
+    assert_exactly_once(spark, kafka_bootstrap, orders, table, side, link, extra_tables=[dead])
 
 
 def test_task_killed_mid_write_is_retried_exactly_once(spark, kafka_bootstrap, new_topic, orders, tmp_path):
@@ -98,18 +105,19 @@ def test_task_killed_mid_write_is_retried_exactly_once(spark, kafka_bootstrap, n
     state = tmp_path / "crash"
     assert run_driver(args, "task_mid_write:2", state, master="local[2,4]") == 0, f"see {state}.log"
     assert Path(str(state) + ".fired").read_text() == "task_mid_write"
-    assert_exactly_once(spark, kafka_bootstrap, orders, table, dlq, side, link)
+    assert_exactly_once(spark, kafka_bootstrap, orders, table, side, link)
+    dead = read_committed(kafka_bootstrap, dlq, len(POISON))
+    assert Counter(k for k, _ in dead) == Counter(str(i).encode() for i in POISON), "dead letters not exactly once"
 
 
-def assert_exactly_once(spark, bootstrap: str, topic: str, table: str, dlq: str, side: str, link: str) -> None:
+def assert_exactly_once(spark, bootstrap: str, topic: str, table: str, side: str, link: str,
+                        extra_tables: list[str] = ()) -> None:
     good = [i for i in range(ROWS) if i not in POISON]
     rows = spark.read.format("delta").load(table).select("key", "topic", "amount").collect()
     counts = Counter(int(r.key) for r in rows)
     assert sorted(counts) == good, f"lost rows: {sorted(set(good) - set(counts))[:10]}"
     assert max(counts.values()) == 1, f"duplicates in the table: {[k for k, c in counts.items() if c > 1][:10]}"
     assert {r.topic for r in rows} == {topic}
-    dead = read_committed(bootstrap, dlq, len(POISON))
-    assert Counter(k for k, _ in dead) == Counter(str(i).encode() for i in POISON), "dead letters not exactly once"
     follow = read_committed(bootstrap, side, len(good))
     side_counts = Counter(json.loads(v)["key"] for _, v in follow)
     assert sorted(int(k) for k in side_counts) == good and max(side_counts.values()) == 1, "side topic not exactly once"
@@ -117,6 +125,7 @@ def assert_exactly_once(spark, bootstrap: str, topic: str, table: str, dlq: str,
         assert xa.recover(f"lastagent-{link}-") == []
     from deltalake import DeltaTable
 
-    referenced = {Path(p).name for p in DeltaTable(table).file_uris()}
-    on_disk = {p.name for p in Path(table).rglob("*.parquet") if parse_file_name(p.name)}
-    assert on_disk == referenced, f"files no decision references: {sorted(on_disk - referenced)[:5]}"
+    for path in [table, *extra_tables]:
+        referenced = {Path(p).name for p in DeltaTable(path).file_uris()}
+        on_disk = {p.name for p in Path(path).rglob("*.parquet") if parse_file_name(p.name)}
+        assert on_disk == referenced, f"files no decision references in {path}: {sorted(on_disk - referenced)[:5]}"

@@ -147,7 +147,7 @@ def _headers_of(bootstrap: str, topic: str) -> list[dict[str, bytes]]:
     return out
 
 
-def test_poison_records_go_to_dead_letters_in_the_same_epoch(spark, tmp_path, kafka_bootstrap, new_topic):
+def test_poison_records_go_to_dead_letters_in_the_same_epoch(spark, tmp_path, kafka_bootstrap, new_topic, capsys):
     topic, dlq, side = new_topic(partitions=2), new_topic(), new_topic(partitions=2)
     values = [f"order-1-{i}".encode() for i in range(60)]
     values[17] = b"poison"
@@ -171,6 +171,13 @@ def test_poison_records_go_to_dead_letters_in_the_same_epoch(spark, tmp_path, ka
     assert Counter(json.loads(v)["amount"] for _, v in follow) == Counter(1000 + i for i in range(60) if i != 17)
     with KafkaXAResource({"bootstrap.servers": kafka_bootstrap}) as xa:
         assert xa.recover(f"lastagent-{link}-") == []
+    # The lastagent command reads a Delta link's decisions from the table's own commits.
+    from lastagent import cli
+
+    assert cli.main(["status", "--link", link, "--table", table, "--bootstrap-servers", kafka_bootstrap,
+                     "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["decided_epochs"] == 3 and status["in_doubt"] == [] and status["hazards"] == []
 
 
 def test_without_dead_letter_topic_a_poison_record_fails_the_batch(spark, tmp_path, kafka_bootstrap, new_topic):
@@ -190,3 +197,45 @@ def test_without_dead_letter_topic_a_poison_record_fails_the_batch(spark, tmp_pa
         assert DeltaTable(table).to_pyarrow_table().num_rows == 0
     except TableNotFoundError:
         pass  # nothing was ever committed
+
+
+def test_dead_letter_chain_ends_in_a_delta_table(spark, tmp_path, kafka_bootstrap, new_topic):
+    """No dead-letter topic: poison records go to the dead-letter table, committed once per epoch."""
+    topic = new_topic(partitions=2)
+    values = [f"order-1-{i}".encode() for i in range(30)]
+    values[4] = values[25] = b"poison"
+    _produce(kafka_bootstrap, topic, values)
+    table, dead = str(tmp_path / "out"), str(tmp_path / "dead")
+    link = f"d-{uuid.uuid4().hex[:8]}"
+    q = _kafka_to_delta(spark, kafka_bootstrap, topic, table, str(tmp_path / "ckpt"), link,
+                        transformer="lastagent.demo:enrich", deadLetterTable=dead)
+    q.awaitTermination()
+    assert spark.read.format("delta").load(table).count() == 28
+    rows = spark.read.format("delta").load(dead).collect()
+    assert sorted((r.key, r.reason, r.source_topic, r.link) for r in rows) == [
+        (b"25", "transformer-failed", topic, link), (b"4", "transformer-failed", topic, link)]
+    assert all(r.value == b"poison" and "ValueError" in r.exception for r in rows)
+    # Completing an epoch's dead letters again (as a restart does) adds nothing.
+    from deltalake import DeltaTable
+
+    from lastagent.sinks.delta_commit import TargetTableStore
+
+    store = TargetTableStore(table, dead_letter_table=dead)
+    version = DeltaTable(dead).version()
+    for epoch in range(DeltaTable(table).transaction_version(link) + 1):
+        assert store.complete_dead_letters(link, epoch) == 0
+    assert DeltaTable(dead).version() == version
+
+
+def test_record_too_large_for_the_side_topic_is_a_dead_letter(spark, tmp_path, kafka_bootstrap, new_topic):
+    topic, dlq, side = new_topic(partitions=2), new_topic(), new_topic()
+    big = b"x" * 800_000  # fits Kafka as it is, not as base64 JSON on the side topic
+    _produce(kafka_bootstrap, topic, [b"small", big, b"small too"])
+    table = str(tmp_path / "out")
+    q = _kafka_to_delta(spark, kafka_bootstrap, topic, table, str(tmp_path / "ckpt"), f"d-{uuid.uuid4().hex[:8]}",
+                        deadLetterTopic=dlq, sideTopics=side)
+    q.awaitTermination()
+    assert spark.read.format("delta").load(table).count() == 3
+    assert len(read_committed(kafka_bootstrap, side, 2)) == 2
+    assert read_committed(kafka_bootstrap, dlq, 1) == [(b"1", big)]
+    assert _headers_of(kafka_bootstrap, dlq)[0]["lastagent.dlq.reason"] == b"record-too-large"

@@ -160,3 +160,20 @@ def test_header_filters_keep_or_drop_named_keys():
     assert keep.column(0).to_pylist() == [[{"key": "a", "value": b"1"}], None]
     assert drop.column(0).to_pylist() == [[{"key": "b", "value": b"2"}], None]
     assert keep.schema == batch.schema
+
+
+def test_dead_letter_table_row_carries_the_reason_columns():
+    row = {"key": b"k", "value": b"v", "topic": "in", "partition": 2, "offset": 9,
+           "headers": [{"key": "trace", "value": b"t1"}]}
+    out = dead_letters.table_row(*dead_letters.dead_letter(row, "conversion-failed", "bad cast", "orders", 4))
+    batch = pa.RecordBatch.from_pylist([out], schema=dead_letters.TABLE_SCHEMA)
+    got = batch.to_pylist()[0]
+    assert (got["key"], got["value"], got["reason"], got["exception"]) == (b"k", b"v", "conversion-failed", "bad cast")
+    assert (got["source_topic"], got["source_partition"], got["source_offset"], got["link"], got["epoch"]) == (
+        "in", 2, 9, "orders", 4)
+    assert got["headers"] == [{"key": "trace", "value": b"t1"}] and got["failed_at"].year >= 2026
+
+
+def test_dead_letter_table_alone_needs_no_kafka():
+    o = DeltaSinkOptions.parse({**BASE, "deadLetterTable": "/dead"})
+    assert o.dead_letter_table == "/dead" and not o.has_kafka
