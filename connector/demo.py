@@ -114,17 +114,8 @@ def sink_act(bootstrap: str, workdir: str, table: str) -> bool:
     admin.close()
     args = [bootstrap, table, os.path.join(workdir, "checkpoint-sink"), os.path.join(workdir, "arbitration"),
             "demo-shipments", topic]
-    env = dict(os.environ, LASTAGENT_CRASH_AT="after_arbitration:2",
-               LASTAGENT_CRASH_STATE=os.path.join(workdir, "crash-count"))
     print(f"demo 2/3: Delta -> lastagent-kafka -> topic {topic}; the driver is SIGKILLed after its 2nd decision")
-    code = subprocess.run([sys.executable, "-m", "lastagent.demo", "sink-driver", *args], env=env,
-                          start_new_session=True, stderr=subprocess.DEVNULL).returncode
-    print(f"demo 2/3: driver exited with {code} ({'SIGKILL' if code == -signal.SIGKILL else 'no crash'}); restarting")
-    env.pop("LASTAGENT_CRASH_AT")
-    code = subprocess.run([sys.executable, "-m", "lastagent.demo", "sink-driver", *args], env=env,
-                          start_new_session=True, stderr=subprocess.DEVNULL).returncode
-    if code != 0:
-        print(f"demo 2/3: the restarted query failed with exit {code}")
+    if not _killed_then_restarted("2/3", "sink-driver", args, os.path.join(workdir, "crash-count")):
         return False
     from deltalake import DeltaTable
 
@@ -162,16 +153,7 @@ def delta_act(bootstrap: str, workdir: str) -> bool:
           "Kafka -> lastagent-delta, SIGKILLed after its 2nd Delta commit")
     table = os.path.join(workdir, "payments")
     args = [bootstrap, topic, table, os.path.join(workdir, "checkpoint-delta"), "demo-payments", dlq, side, "4000"]
-    env = dict(os.environ, LASTAGENT_CRASH_AT="after_arbitration:2",
-               LASTAGENT_CRASH_STATE=os.path.join(workdir, "crash-count-delta"))
-    code = subprocess.run([sys.executable, "-m", "lastagent.demo", "delta-driver", *args], env=env,
-                          start_new_session=True, stderr=subprocess.DEVNULL).returncode
-    print(f"demo 3/3: driver exited with {code} ({'SIGKILL' if code == -signal.SIGKILL else 'no crash'}); restarting")
-    env.pop("LASTAGENT_CRASH_AT")
-    code = subprocess.run([sys.executable, "-m", "lastagent.demo", "delta-driver", *args], env=env,
-                          start_new_session=True, stderr=subprocess.DEVNULL).returncode
-    if code != 0:
-        print(f"demo 3/3: the restarted query failed with exit {code}")
+    if not _killed_then_restarted("3/3", "delta-driver", args, os.path.join(workdir, "crash-count-delta")):
         return False
     from lastagent.spark_session import local_session
 
@@ -189,6 +171,19 @@ def delta_act(bootstrap: str, workdir: str) -> bool:
         "duplicates": (rows_out - distinct) + (len(dead) - len(set(dead))) + (len(receipts) - len(set(receipts))),
         "missing": (good - distinct) + (len(poison) - len(set(dead))),
     }, rows_out == good and len(dead) == len(poison) and len(receipts) == good)
+
+
+def _killed_then_restarted(act: str, mode: str, args: list[str], crash_state: str) -> bool:
+    """Runs a driver process that SIGKILLs itself after its 2nd decision, then restarts it; True if the restart ends well."""
+    env = dict(os.environ, LASTAGENT_CRASH_AT="after_arbitration:2", LASTAGENT_CRASH_STATE=crash_state)
+    command = [sys.executable, "-m", "lastagent.demo", mode, *args]
+    code = subprocess.run(command, env=env, start_new_session=True, stderr=subprocess.DEVNULL).returncode
+    print(f"demo {act}: driver exited with {code} ({'SIGKILL' if code == -signal.SIGKILL else 'no crash'}); restarting")
+    env.pop("LASTAGENT_CRASH_AT")
+    code = subprocess.run(command, env=env, start_new_session=True, stderr=subprocess.DEVNULL).returncode
+    if code != 0:
+        print(f"demo {act}: the restarted query failed with exit {code}")
+    return code == 0
 
 
 def _read_committed(bootstrap: str, topic: str, expect: int, timeout_s: float = 60.0) -> list[bytes]:

@@ -175,3 +175,18 @@ def check_link(link: str) -> str:
         raise OptionError("link", f"{link!r} is {len(link)} characters; at most {MAX_LINK_LENGTH} fit, so that "
                                   f"the XA gtrid '<link>:<epoch>' stays within {MAXGTRIDSIZE} bytes")
     return link
+
+
+class LinkIds:
+    """Mixin for a sink's options that carry ``link``: the link's bounded transactional-id naming."""
+
+    link: str
+
+    @property
+    def id_prefix(self) -> str:
+        """Every transactional.id of this link starts with this (recovery lists by it)."""
+        return id_prefix(self.link)
+
+    def transactional_id(self, partition: int, attempt: int) -> str:
+        """The branch id of one task attempt: bounded per link, reused across epochs."""
+        return transactional_id(self.link, partition, attempt)

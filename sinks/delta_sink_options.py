@@ -119,7 +119,7 @@ def _transformer(opts: Mapping[str, str]) -> str | None:
 
 
 @dataclass(frozen=True)
-class DeltaSinkOptions:
+class DeltaSinkOptions(xid.LinkIds):
     """The ``lastagent-delta`` sink's checked options (picklable; shipped to executors)."""
 
     path: str
@@ -147,14 +147,6 @@ class DeltaSinkOptions:
     def has_kafka(self) -> bool:
         """True when the link writes Kafka side outputs (and so has Kafka branches)."""
         return bool(self.dead_letter_topic or self.side_topics)
-
-    @property
-    def id_prefix(self) -> str:
-        return xid.id_prefix(self.link)
-
-    def transactional_id(self, partition: int, attempt: int) -> str:
-        """The side-output branch id of one task attempt: bounded per link, reused across epochs."""
-        return xid.transactional_id(self.link, partition, attempt)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "DeltaSinkOptions":

@@ -55,7 +55,7 @@ def _int(options: Mapping[str, str], name: str, minimum: int) -> int:
 
 
 @dataclass(frozen=True)
-class KafkaSinkOptions:
+class KafkaSinkOptions(xid.LinkIds):
     """The sink's checked options (picklable; shipped to executors with the writer)."""
 
     link: str
@@ -72,15 +72,6 @@ class KafkaSinkOptions:
     @property
     def bootstrap_servers(self) -> str:
         return self.client_config["bootstrap.servers"]
-
-    @property
-    def id_prefix(self) -> str:
-        """Every transactional.id of this link starts with this (recovery lists by it)."""
-        return xid.id_prefix(self.link)
-
-    def transactional_id(self, partition: int, attempt: int) -> str:
-        """The branch id of one task attempt: bounded per link, reused across epochs."""
-        return xid.transactional_id(self.link, partition, attempt)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "KafkaSinkOptions":

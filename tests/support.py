@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 
 from confluent_kafka import Consumer
 
@@ -34,3 +39,27 @@ def read_committed(bootstrap: str, topic: str, expect: int, timeout_s: float = 3
     finally:
         consumer.close()
     return rows
+
+
+def run_driver(mode: str, args: list[str], crash_at: str | None, state: Path, timeout: float = 300,
+               master: str = "local[2]") -> int:
+    """Runs ``python -m lastagent.demo <mode> <args>`` as a driver process; returns its exit code.
+
+    With ``crash_at`` (``point`` or ``point:n``) the driver SIGKILLs its own process group (driver,
+    JVM, Python workers) at that protocol point; ``state`` counts how often points were reached
+    and ``<state>.fired`` names the point that fired. The driver leads a new session so the kill
+    takes exactly its processes; its stderr goes to ``<state>.log``.
+    """
+    env = dict(os.environ, LASTAGENT_SPARK_MASTER=master)
+    env.pop("LASTAGENT_CRASH_AT", None)
+    if crash_at:
+        env["LASTAGENT_CRASH_AT"] = crash_at
+        env["LASTAGENT_CRASH_STATE"] = str(state)
+    proc = subprocess.Popen([sys.executable, "-m", "lastagent.demo", mode, *args], env=env,
+                            start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=open(state.with_suffix(".log"), "ab"))
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise

@@ -13,16 +13,14 @@ the link is left that its table does not reference.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import uuid
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
+import support
 from support import read_committed
 
 from lastagent.kafka_xa import KafkaXAResource
@@ -50,21 +48,8 @@ def orders(kafka_admin, kafka_bootstrap) -> str:
     return topic
 
 
-def run_driver(args: list[str], crash_at: str | None, state: Path, timeout: float = 300,
-               master: str = "local[2]") -> int:
-    env = dict(os.environ, LASTAGENT_SPARK_MASTER=master)
-    env.pop("LASTAGENT_CRASH_AT", None)
-    if crash_at:
-        env["LASTAGENT_CRASH_AT"] = crash_at
-        env["LASTAGENT_CRASH_STATE"] = str(state)
-    proc = subprocess.Popen([sys.executable, "-m", "lastagent.demo", "delta-driver", *args], env=env,
-                            start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=open(state.with_suffix(".log"), "ab"))
-    try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise
+def run_driver(args: list[str], crash_at: str | None, state: Path, **kw) -> int:
+    return support.run_driver("delta-driver", args, crash_at, state, **kw)
 
 
 #: One query's history, killed at every named point in turn (the fault counter restarts with each

@@ -8,15 +8,13 @@ transaction of the link is left open.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import uuid
 from collections import Counter
 from pathlib import Path
 
 import pytest
+import support
 from support import read_committed
 
 from lastagent.kafka_xa import KafkaXAResource
@@ -38,22 +36,8 @@ def source_table(spark, tmp_path_factory) -> str:
     return path
 
 
-def run_driver(args: list[str], crash_at: str | None, state: Path, timeout: float = 300,
-               master: str = "local[2]") -> int:
-    env = dict(os.environ, LASTAGENT_SPARK_MASTER=master)
-    env.pop("LASTAGENT_CRASH_AT", None)
-    if crash_at:
-        env["LASTAGENT_CRASH_AT"] = crash_at
-        env["LASTAGENT_CRASH_STATE"] = str(state)
-    # The driver leads a new session and exports its process group: the fault kills it all.
-    proc = subprocess.Popen([sys.executable, "-m", "lastagent.demo", "sink-driver", *args], env=env,
-                            start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=open(state.with_suffix(".log"), "ab"))
-    try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise
+def run_driver(args: list[str], crash_at: str | None, state: Path, **kw) -> int:
+    return support.run_driver("sink-driver", args, crash_at, state, **kw)
 
 
 @pytest.mark.parametrize("point", [
