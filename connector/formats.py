@@ -43,6 +43,10 @@ class DeltaDataSource(DataSource):
 
     def streamWriter(self, schema, overwrite):  # noqa: ANN001, ANN201, N802 — Spark's API
         """Driver: the sink's writer; options and the table's schema are checked here, at query start."""
+        from lastagent.errors import OptionError
         from lastagent.sinks.delta_sink import DeltaStreamWriter
 
+        if overwrite:
+            # Spark asks to overwrite in complete mode; an epoch here is an append (txn(link, epoch)).
+            raise OptionError("outputMode", "lastagent-delta appends each epoch; use outputMode('append')")
         return DeltaStreamWriter(self.options, schema)

@@ -145,6 +145,10 @@ class TargetTableStore:
                     "lastagent.gxid": record.gxid, "lastagent.branches": json.dumps(list(record.branches)),
                     "lastagent.attempts": json.dumps([list(a) for a in staged.attempts]),
                     "lastagent.confirmed_through": str(record.confirmed_through)}
+        # What Spark's DESCRIBE HISTORY shows: ids and counts only, never payload or secrets.
+        metadata["userMetadata"] = json.dumps({"lastagent": {"link": record.link, "epoch": record.epoch,
+                                                             "gxid": record.gxid, "kafka_branches": len(record.branches),
+                                                             "files": len(staged.adds)}}, separators=(",", ":"))
         if staged.dead_letter_adds:
             # Part of the decision: a restart commits exactly these files to the dead-letter table.
             metadata["lastagent.dead_letter_adds"] = json.dumps(list(staged.dead_letter_adds))

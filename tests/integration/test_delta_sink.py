@@ -65,6 +65,10 @@ def test_epochs_commit_once_and_spark_reads_the_table(spark, source, tmp_path):
     assert all(a["min.id"] is not None and a["max.id"] >= a["min.id"] for a in adds)
     # Data skipping on those statistics gives the right answer.
     assert spark.read.format("delta").load(table).filter("id >= 100").count() == 20
+    # Spark's DESCRIBE HISTORY shows each epoch's arbitration summary.
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{table}`").select("userMetadata").collect()
+    shown = [json.loads(r.userMetadata)["lastagent"] for r in history if r.userMetadata]
+    assert sorted(h["epoch"] for h in shown) == sorted(epochs) and all(h["link"] == link for h in shown)
     # Spark's own appends to the table still work after ours.
     spark.range(500, 501).selectExpr("id", "'0' AS region", "'x' AS name", "current_timestamp() AS ts") \
         .write.format("delta").mode("append").save(table)
