@@ -168,6 +168,8 @@ class DeltaStreamWriter(DataSourceStreamArrowWriter):
         self.options = DeltaSinkOptions.parse(options)
         self.query_schema_json = schema.json()
         self.table_schema_json: str | None = None
+        # An existing table's partition columns win; the option only shapes a table we create.
+        self.partition_by: tuple[str, ...] = self.options.partition_by
         self.decided_through = -1
         if self.options.transformer:
             transformer.load(self.options.transformer)  # fail at start, naming the option
@@ -183,6 +185,7 @@ class DeltaStreamWriter(DataSourceStreamArrowWriter):
 
                 raise OptionError("partitionBy", f"{list(self.options.partition_by)} differs from the partition "
                                                  f"columns of Delta table {self.options.path}: {list(existing)}")
+            self.partition_by = existing
             if not self.options.transformer:
                 problems, _ = schema_diff(self.table_schema_json, self.query_schema_json, self.options.merge_schema)
                 if problems:
@@ -219,7 +222,7 @@ class DeltaStreamWriter(DataSourceStreamArrowWriter):
             from deltalake import Schema
 
             target = delta_arrow_schema(pa.schema(Schema.from_json(self.table_schema_json).to_arrow()))
-        files = FileWriter(opts.path, opts.link, epoch, partition, attempt, opts.partition_by, opts.target_file_bytes)
+        files = FileWriter(opts.path, opts.link, epoch, partition, attempt, self.partition_by, opts.target_file_bytes)
         outputs = _Outputs(opts, epoch, partition, attempt)
         try:
             for batch in iterator:

@@ -73,6 +73,13 @@ def test_epochs_commit_once_and_spark_reads_the_table(spark, source, tmp_path):
     spark.range(500, 501).selectExpr("id", "'0' AS region", "'x' AS name", "current_timestamp() AS ts") \
         .write.format("delta").mode("append").save(table)
     assert spark.read.format("delta").load(table).count() == 121
+    # A later query without partitionBy keeps writing the table's partitions.
+    (spark.range(120, 130).selectExpr("id", "'9' AS region", "CAST(id AS STRING) AS name",
+                                      "TIMESTAMP '2026-01-01 00:00:00' AS ts")
+     .write.format("delta").mode("append").save(source))
+    _write(spark, source, tmp_path / "again", table).awaitTermination()
+    assert pa.table(DeltaTable(table).get_add_actions(flatten=True)).num_rows > len(adds)
+    assert spark.read.format("delta").load(table).filter("region = '9'").count() == 10
 
 
 def test_schema_mismatch_fails_at_start_naming_the_column(spark, source, tmp_path):
