@@ -9,7 +9,6 @@ right.
 from __future__ import annotations
 
 import difflib
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,8 +30,9 @@ DELTA_SINK_OPTIONS: dict[str, tuple[str | None, str]] = {
                    "(appId = link) and it names the Kafka side outputs' transactional ids; renaming it breaks "
                    "recovery."),
     "checkpointLocation": (None, "Spark's checkpoint location (required: recovery depends on it)."),
-    "partitionBy": ("", "Comma-separated partition columns used when the sink creates the table "
-                        "(writeStream.partitionBy works too); must match an existing table's."),
+    "partitionBy": ("", "Comma-separated partition columns used when the sink creates the table; must match an "
+                        "existing table's (given none, an existing table's are used). Use this option: Spark does not "
+                        "pass writeStream.partitionBy(...) to Python data sources."),
     "mergeSchema": ("false", "true: new columns of the query are added to the table's schema (as Delta's "
                              "mergeSchema). false: a schema mismatch fails the query before anything is "
                              "committed."),
@@ -63,8 +63,6 @@ DELTA_SINK_OPTIONS: dict[str, tuple[str | None, str]] = {
     "phase2Parallelism": ("8", "Kafka branches committed in parallel after the Delta commit."),
 }
 _KNOWN = {k.lower(): k for k in DELTA_SINK_OPTIONS}
-#: Spark passes writeStream.partitionBy(...) to data sources under this key (a JSON list).
-SPARK_PARTITION_KEY = "__partition_columns"
 _COLUMN = re.compile(r"^[^ ,;{}()\n\t=]+$")
 
 
@@ -92,16 +90,6 @@ def _names(opts: Mapping[str, str], name: str) -> tuple[str, ...]:
 
 def _partition_by(opts: Mapping[str, str]) -> tuple[str, ...]:
     cols = _names(opts, "partitionBy")
-    spark = opts.get(SPARK_PARTITION_KEY)
-    if spark:
-        try:
-            from_spark = tuple(json.loads(spark))
-        except ValueError:
-            from_spark = tuple(c.strip() for c in spark.strip("[]").split(",") if c.strip())
-        if cols and from_spark and tuple(c.strip('"') for c in from_spark) != cols:
-            raise OptionError("partitionBy", f"{list(cols)} differs from writeStream.partitionBy{list(from_spark)}; "
-                                             "give one of them")
-        cols = cols or tuple(c.strip('"') for c in from_spark)
     for c in cols:
         if not _COLUMN.match(c):
             raise OptionError("partitionBy", f"{c!r} is not a valid column name")
@@ -157,8 +145,6 @@ class DeltaSinkOptions(xid.LinkIds):
         """
         opts = {k.lower(): str(v) for k, v in options.items()}
         for key in opts:
-            if key == SPARK_PARTITION_KEY:
-                continue
             if key.startswith("kafka."):
                 if key in _RESERVED:
                     raise OptionError(key, "is set by the sink and cannot be given")

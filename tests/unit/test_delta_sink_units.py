@@ -46,7 +46,6 @@ def test_required_options_are_named(missing):
     ({"partitionBy": "a b"}, "option 'partitionBy': 'a b' is not a valid column name"),
     ({"targetFileSizeMB": "0"}, "option 'targetFileSizeMB': 0 is too small"),
     ({"keepHeaders": "a", "dropHeaders": "b"}, "option 'keepHeaders': give keepHeaders or dropHeaders"),
-    ({"partitionby": "a", "__partition_columns": '["b"]'}, "option 'partitionBy'"),
     ({"mergeSchem": "true"}, "option 'mergeschem': unknown option .* did you mean 'mergeSchema'"),
     ({"kafka.transactional.id": "x"}, "option 'kafka.transactional.id': is set by the sink"),
 ])
@@ -55,8 +54,8 @@ def test_bad_options_name_the_option(bad, match):
         DeltaSinkOptions.parse({**BASE, **bad})
 
 
-def test_partition_columns_from_spark_writestream():
-    assert DeltaSinkOptions.parse({**BASE, "__partition_columns": '["day","region"]'}).partition_by == ("day", "region")
+def test_partition_columns_option():
+    assert DeltaSinkOptions.parse({**BASE, "partitionBy": "day, region"}).partition_by == ("day", "region")
 
 
 def test_file_names_say_link_epoch_task_and_attempt():
