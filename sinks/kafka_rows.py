@@ -78,8 +78,17 @@ def check_schema(schema: StructType, topic_option: str | None) -> SinkColumns:
     return SinkColumns("key" in names, "topic" in names, "partition" in names, "headers" in names)
 
 
-def _as_bytes(values: list[object]) -> list[bytes | None]:
-    return [v.encode("utf-8") if isinstance(v, str) else v for v in values]  # type: ignore[misc]
+def _bytes_of(column: "object") -> list[bytes | None]:
+    """A string or binary Arrow column as Python bytes; strings are reinterpreted, not encoded
+    one by one (Arrow's strings are UTF-8 already)."""
+    import pyarrow as pa
+
+    assert isinstance(column, (pa.Array, pa.ChunkedArray))
+    if pa.types.is_string(column.type):
+        column = column.cast(pa.binary())
+    elif pa.types.is_large_string(column.type):
+        column = column.cast(pa.large_binary())
+    return column.to_pylist()
 
 
 def simple_columns(batch: "object") -> tuple[list[bytes | None], list[bytes | None]]:
@@ -88,8 +97,8 @@ def simple_columns(batch: "object") -> tuple[list[bytes | None], list[bytes | No
 
     assert isinstance(batch, pa.RecordBatch)
     cols = {name.lower(): batch.column(i) for i, name in enumerate(batch.schema.names)}
-    values = _as_bytes(cols["value"].to_pylist())
-    keys = _as_bytes(cols["key"].to_pylist()) if "key" in cols else [None] * batch.num_rows
+    values = _bytes_of(cols["value"])
+    keys = _bytes_of(cols["key"]) if "key" in cols else [None] * batch.num_rows
     return keys, values
 
 
@@ -104,8 +113,8 @@ def records(batch: "object", topic_option: str | None) -> Iterator[Record]:
     assert isinstance(batch, pa.RecordBatch)
     cols = {name.lower(): batch.column(i) for i, name in enumerate(batch.schema.names)}
     n = batch.num_rows
-    values = _as_bytes(cols["value"].to_pylist())
-    keys = _as_bytes(cols["key"].to_pylist()) if "key" in cols else [None] * n
+    values = _bytes_of(cols["value"])
+    keys = _bytes_of(cols["key"]) if "key" in cols else [None] * n
     partitions = cols["partition"].to_pylist() if "partition" in cols else [None] * n
     if topic_option:
         topics: list[str | None] = [topic_option] * n
