@@ -4,7 +4,7 @@ from pyspark.sql.datasource import DataSource
 
 
 class KafkaDataSource(DataSource):
-    """Format ``lastagent-kafka``: streaming source and exactly-once streaming sink."""
+    """Format ``lastagent-kafka``: batch and streaming source, exactly-once streaming sink."""
 
     @classmethod
     def name(cls) -> str:
@@ -15,6 +15,13 @@ class KafkaDataSource(DataSource):
         from lastagent.sources.kafka_source import kafka_schema
 
         return kafka_schema(str(self.options.get("includeHeaders", "false")).strip().lower() == "true")
+
+    def reader(self, schema):  # noqa: ANN001, ANN201 — Spark's API
+        """Driver: a batch read (``spark.read``) between the starting and ending offsets."""
+        from lastagent.sources.kafka_source import KafkaBatchReader
+        from lastagent.sources.kafka_source_options import KafkaSourceOptions
+
+        return KafkaBatchReader(KafkaSourceOptions.parse(self.options, batch=True))
 
     def streamReader(self, schema):  # noqa: ANN001, ANN201, N802 — Spark's API
         """Driver: the source's reader; options are checked here, once, at query start."""

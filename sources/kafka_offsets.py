@@ -28,7 +28,6 @@ from lastagent.sources.kafka_source_options import KafkaSourceOptions
 log = logging.getLogger("lastagent.source")
 
 TP = tuple[str, int]
-EARLIEST, LATEST = -2, -1
 
 
 def to_json(offsets: Mapping[TP, int]) -> dict[str, dict[str, int]]:

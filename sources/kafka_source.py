@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import (
     ArrayType,
@@ -40,8 +40,6 @@ from pyspark.sql.types import (
 
 from lastagent.errors import DataLossError, KafkaProtocolError, OptionError
 from lastagent.sources.kafka_offsets import (
-    EARLIEST,
-    LATEST,
     TP,
     OffsetRange,
     OffsetReader,
@@ -51,7 +49,7 @@ from lastagent.sources.kafka_offsets import (
     rate_limit,
     to_json,
 )
-from lastagent.sources.kafka_source_options import KafkaSourceOptions
+from lastagent.sources.kafka_source_options import EARLIEST, LATEST, KafkaSourceOptions
 
 log = logging.getLogger("lastagent.source")
 
@@ -78,7 +76,7 @@ def kafka_schema(include_headers: bool) -> StructType:
 class KafkaInputPartition(InputPartition):
     """One Spark task's work (pickled to the executor): an offset range and the client settings."""
 
-    range: OffsetRange
+    range: OffsetRange | None  # None: the one empty partition of a batch read with nothing to read
     options: KafkaSourceOptions
 
 
@@ -112,57 +110,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict:  # noqa: N802 — Spark's API
         """Resolves startingOffsets / startingTimestamp / startingOffsetsByTimestamp (new query only)."""
-        return to_json(self._starting(sorted(self._known)))
-
-    def _starting(self, tps: list[TP]) -> dict[TP, int]:
-        o = self.options
-        if o.starting_timestamp is not None or o.starting_by_timestamp is not None:
-            return self._by_timestamp(tps)
-        if o.starting == "earliest":
-            return self.offsets.earliest(tps)
-        if o.starting == "latest":
-            return self.offsets.latest(tps)
-        if o.starting == "group":
-            committed = self.offsets.group_offsets(tps)
-            missing = [tp for tp in tps if tp not in committed]
-            if missing:
-                log.info("group %s has no offset for %s; starting them at earliest", o.group_id,
-                         ", ".join(f"{t}-{p}" for t, p in missing))
-            return {**self.offsets.earliest(missing), **committed}
-        assert isinstance(o.starting, dict)
-        given = {(t, p): off for t, parts in o.starting.items() for p, off in parts.items()}
-        unknown = sorted(set(given) - set(tps))
-        if unknown:
-            raise OptionError("startingOffsets", f"names {', '.join(f'{t}-{p}' for t, p in unknown)}, which the "
-                                                 f"{o.strategy()} option does not cover (partitions: "
-                                                 f"{', '.join(f'{t}-{p}' for t, p in tps)})")
-        missing = [tp for tp in tps if tp not in given]
-        if missing:
-            raise OptionError("startingOffsets", f"gives no offset for {', '.join(f'{t}-{p}' for t, p in missing)}; "
-                                                 "give every partition an offset, -2 (earliest) or -1 (latest)")
-        earliest = self.offsets.earliest([tp for tp, v in given.items() if v == EARLIEST])
-        latest = self.offsets.latest([tp for tp, v in given.items() if v == LATEST])
-        return {tp: earliest.get(tp, latest.get(tp, v)) for tp, v in given.items()}
-
-    def _by_timestamp(self, tps: list[TP]) -> dict[TP, int]:
-        o = self.options
-        if o.starting_by_timestamp is not None:
-            name = "startingOffsetsByTimestamp"
-            stamps = {(t, p): ts for t, parts in o.starting_by_timestamp.items() for p, ts in parts.items()}
-            missing = [tp for tp in tps if tp not in stamps]
-            if missing:
-                raise OptionError(name, f"gives no timestamp for {', '.join(f'{t}-{p}' for t, p in missing)}")
-        else:
-            name = "startingTimestamp"
-            stamps = {tp: o.starting_timestamp for tp in tps}
-        found = self.offsets.by_timestamp(stamps)
-        none = [tp for tp, off in found.items() if off < 0]
-        if none and o.timestamp_strategy == "error":
-            raise OptionError(name, f"no record at or after the given timestamp in "
-                                    f"{', '.join(f'{t}-{p}' for t, p in sorted(none))}; set "
-                                    "startingOffsetsByTimestampStrategy=latest to start those at the end")
-        latest = self.offsets.latest(none)
-        return {tp: (latest[tp] if off < 0 else off) for tp, off in found.items()}
+        return to_json(starting_offsets(self.offsets, self.options, sorted(self._known)))
 
     # -- each trigger -----------------------------------------------------------------------
 
@@ -213,6 +161,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: KafkaInputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         """Executor: the records of one offset range as Arrow record batches."""
+        assert partition.range is not None
         return read_range(partition.range, partition.options)
 
     def commit(self, end: dict) -> None:
@@ -251,6 +200,121 @@ class FailedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def stop(self) -> None:
         return None
+
+
+def starting_offsets(offsets: OffsetReader, o: KafkaSourceOptions, tps: list[TP]) -> dict[TP, int]:
+    """Resolves startingOffsets / startingTimestamp / startingOffsetsByTimestamp for ``tps``. Driver side."""
+    if o.starting_timestamp is not None or o.starting_by_timestamp is not None:
+        return _by_timestamp(offsets, o, tps, "starting")
+    if o.starting == "earliest":
+        return offsets.earliest(tps)
+    if o.starting == "latest":
+        return offsets.latest(tps)
+    if o.starting == "group":
+        committed = offsets.group_offsets(tps)
+        missing = [tp for tp in tps if tp not in committed]
+        if missing:
+            log.info("group %s has no offset for %s; starting them at earliest", o.group_id,
+                     ", ".join(f"{t}-{p}" for t, p in missing))
+        return {**offsets.earliest(missing), **committed}
+    assert isinstance(o.starting, dict)
+    given = {(t, p): off for t, parts in o.starting.items() for p, off in parts.items()}
+    unknown = sorted(set(given) - set(tps))
+    if unknown:
+        raise OptionError("startingOffsets", f"names {', '.join(f'{t}-{p}' for t, p in unknown)}, which the "
+                                             f"{o.strategy()} option does not cover (partitions: "
+                                             f"{', '.join(f'{t}-{p}' for t, p in tps)})")
+    missing = [tp for tp in tps if tp not in given]
+    if missing:
+        raise OptionError("startingOffsets", f"gives no offset for {', '.join(f'{t}-{p}' for t, p in missing)}; "
+                                             "give every partition an offset, -2 (earliest) or -1 (latest)")
+    earliest = offsets.earliest([tp for tp, v in given.items() if v == EARLIEST])
+    latest = offsets.latest([tp for tp, v in given.items() if v == LATEST])
+    return {tp: earliest.get(tp, latest.get(tp, v)) for tp, v in given.items()}
+
+
+def ending_offsets(offsets: OffsetReader, o: KafkaSourceOptions, tps: list[TP]) -> dict[TP, int]:
+    """Resolves endingOffsets / endingTimestamp / endingOffsetsByTimestamp of a batch read. Driver side.
+
+    Never beyond the latest (under read_committed, last stable) offset: an explicit offset past
+    it is an error naming endingOffsets rather than a task that waits for records that are not there.
+    """
+    latest = offsets.latest(tps)
+    if o.ending_timestamp is not None or o.ending_by_timestamp is not None:
+        found = _by_timestamp(offsets, o, tps, "ending")
+        return {tp: min(found[tp], latest[tp]) for tp in tps}
+    if o.ending == "latest":
+        return latest
+    assert isinstance(o.ending, dict)
+    given = {(t, p): off for t, parts in o.ending.items() for p, off in parts.items()}
+    missing = [tp for tp in tps if tp not in given]
+    if missing:
+        raise OptionError("endingOffsets", f"gives no offset for {', '.join(f'{t}-{p}' for t, p in missing)}; "
+                                           "give every partition an offset or -1 (latest)")
+    beyond = [tp for tp in tps if given[tp] > latest[tp]]
+    if beyond:
+        raise OptionError("endingOffsets", "is beyond the latest offset in " + ", ".join(
+            f"{t}-{p} ({given[(t, p)]} > {latest[(t, p)]})" for t, p in beyond) + "; give at most the latest "
+            "offset or -1 (latest)")
+    return {tp: latest[tp] if given[tp] == LATEST else given[tp] for tp in tps}
+
+
+def _by_timestamp(offsets: OffsetReader, o: KafkaSourceOptions, tps: list[TP], end: str) -> dict[TP, int]:
+    """Offsets of ``tps`` from the ``end`` ("starting" or "ending") timestamp options. Driver side."""
+    by_partition = o.starting_by_timestamp if end == "starting" else o.ending_by_timestamp
+    if by_partition is not None:
+        name = f"{end}OffsetsByTimestamp"
+        stamps = {(t, p): ts for t, parts in by_partition.items() for p, ts in parts.items()}
+        missing = [tp for tp in tps if tp not in stamps]
+        if missing:
+            raise OptionError(name, f"gives no timestamp for {', '.join(f'{t}-{p}' for t, p in missing)}")
+    else:
+        name = f"{end}Timestamp"
+        one = o.starting_timestamp if end == "starting" else o.ending_timestamp
+        stamps = {tp: one for tp in tps}
+    found = offsets.by_timestamp(stamps)
+    none = [tp for tp, off in found.items() if off < 0]
+    # No record at or after an ending timestamp: that partition ends at latest, as in Spark.
+    if none and end == "starting" and o.timestamp_strategy == "error":
+        raise OptionError(name, f"no record at or after the given timestamp in "
+                                f"{', '.join(f'{t}-{p}' for t, p in sorted(none))}; set "
+                                "startingOffsetsByTimestampStrategy=latest to start those at the end")
+    latest = offsets.latest(none)
+    return {tp: (latest[tp] if off < 0 else off) for tp, off in found.items()}
+
+
+class KafkaBatchReader(DataSourceReader):
+    """``spark.read.format("lastagent-kafka")``: one bounded read of the offsets between the
+    starting and ending options. Planned on the driver, read by the executors' reused consumers.
+
+    Args:
+        options: the checked options (parsed with ``batch=True``).
+    """
+
+    def __init__(self, options: KafkaSourceOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> list[KafkaInputPartition]:  # type: ignore[override]
+        """Driver: resolves both ends now and cuts the offset ranges into Spark partitions."""
+        reader = OffsetReader(self.options)
+        tps = reader.partitions(must_exist=True)
+        begin = starting_offsets(reader, self.options, tps)
+        end = ending_offsets(reader, self.options, tps)
+        begin = check_loss(begin, reader.earliest(tps), self.options.fail_on_data_loss)
+        behind = sorted(tp for tp in tps if tp in begin and end[tp] < begin[tp])
+        if behind:
+            raise OptionError("endingOffsets", "ends before the start in "
+                                               f"{', '.join(f'{t}-{p} ({begin[(t, p)]} > {end[(t, p)]})' for t, p in behind)}")
+        ranges = plan_ranges(begin, end, self.options.min_partitions)
+        log.info("batch read of %d offset range(s), %d records at most", len(ranges), sum(r.size for r in ranges))
+        # Spark needs at least one partition to build the scan, even for an empty read.
+        return [KafkaInputPartition(r, self.options) for r in ranges] or [KafkaInputPartition(None, self.options)]
+
+    def read(self, partition: KafkaInputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        """Executor: the records of one offset range as Arrow record batches."""
+        if partition.range is None:
+            return iter(())
+        return read_range(partition.range, partition.options)
 
 
 # -- executor side ------------------------------------------------------------------------

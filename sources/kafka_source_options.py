@@ -4,7 +4,8 @@ The names, defaults and meaning follow Spark's built-in ``kafka`` source, so swi
 change of format name: ``kafka.bootstrap.servers`` and any ``kafka.*`` consumer setting pass
 through to the client; exactly one of ``subscribe``, ``subscribePattern``, ``assign``;
 ``startingOffsets``, ``startingTimestamp``, ``startingOffsetsByTimestamp``,
-``maxOffsetsPerTrigger``, ``minPartitions``, ``failOnDataLoss``, ``includeHeaders``.
+``maxOffsetsPerTrigger``, ``minPartitions``, ``failOnDataLoss``, ``includeHeaders``; for batch
+reads (``spark.read``) also ``endingOffsets``, ``endingTimestamp``, ``endingOffsetsByTimestamp``.
 Every error names the option and what would be right.
 """
 
@@ -41,7 +42,8 @@ SOURCE_OPTIONS: dict[str, tuple[str | None, str]] = {
     "startingOffsets": ("latest", "Where a new query starts: earliest, latest, group (the offsets committed "
                                   "for kafka.group.id; partitions without one start at earliest) or JSON "
                                   "{\"t\":{\"0\":23,\"1\":-2}} (-2 earliest, -1 latest). Ignored on restart: "
-                                  "the checkpoint's offsets win."),
+                                  "the checkpoint's offsets win. Batch reads default to earliest and refuse "
+                                  "latest."),
     "startingTimestamp": ("", "Start every partition at the first offset whose timestamp is >= this "
                               "(milliseconds since the epoch). Wins over startingOffsets."),
     "startingOffsetsByTimestamp": ("", "JSON {\"t\":{\"0\":1700000000000}}: a start timestamp per partition. "
@@ -53,6 +55,14 @@ SOURCE_OPTIONS: dict[str, tuple[str | None, str]] = {
     "minPartitions": ("", "Split large offset ranges so a batch has at least this many Spark partitions."),
     "failOnDataLoss": ("true", "Fail the query when offsets it should read are gone (retention, deleted "
                                "partition or topic); false logs a warning and skips them."),
+    "endingOffsets": ("latest", "Batch reads only: where the read ends (exclusive): latest or JSON "
+                                "{\"t\":{\"0\":23,\"1\":-1}} (-1 latest). Under read_committed, latest is "
+                                "the last stable offset."),
+    "endingTimestamp": ("", "Batch reads only: end every partition at the first offset whose timestamp is >= "
+                            "this (milliseconds since the epoch), or at latest where there is none. Wins over "
+                            "endingOffsets."),
+    "endingOffsetsByTimestamp": ("", "Batch reads only: JSON {\"t\":{\"0\":1700000000000}}, an end timestamp "
+                                     "per partition. Wins over endingOffsets."),
     "includeHeaders": ("false", "Add the 'headers' column: array<struct<key:string, value:binary>>."),
     "kafkaConsumer.pollTimeoutMs": ("120000", "How long a task waits for records it knows exist before "
                                               "failing."),
@@ -110,6 +120,35 @@ def _partition_map(value: Any, name: str, example: str) -> dict[str, dict[int, i
     return out
 
 
+_ENDING = ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp")
+EARLIEST, LATEST = -2, -1
+
+
+def _ending(opts: Mapping[str, str], batch: bool) -> tuple[str | dict[str, dict[int, int]], int | None,
+                                                            dict[str, dict[int, int]] | None]:
+    """(endingOffsets, endingTimestamp, endingOffsetsByTimestamp) of a batch read, checked."""
+    given = [name for name in _ENDING if str(opts.get(name.lower(), "")).strip()]
+    if given and not batch:
+        raise OptionError(given[0], "is for batch reads (spark.read) only; a streaming query reads until it is "
+                                    "stopped (use trigger(availableNow=True) to stop at the offsets available now)")
+    ending: str | dict[str, dict[int, int]] = str(opts.get("endingoffsets", "latest")).strip()
+    if ending.lower() == "latest":
+        ending = "latest"
+    else:
+        example = '{"topicA":{"0":23,"1":-1}}'
+        if not ending.startswith("{"):
+            raise OptionError("endingOffsets", f"{ending!r} is not valid; give latest or JSON such as {example}")
+        ending = _partition_map(_json(opts, "endingOffsets", example), "endingOffsets", example)
+        if any(v < LATEST for parts in ending.values() for v in parts.values()):
+            raise OptionError("endingOffsets", "offsets must be >= 0, or -1 (latest); earliest (-2) would read "
+                                               "nothing")
+    by_ts = None
+    if str(opts.get("endingoffsetsbytimestamp", "")).strip():
+        example = '{"topicA":{"0":1700000000000}}'
+        by_ts = _partition_map(_json(opts, "endingOffsetsByTimestamp", example), "endingOffsetsByTimestamp", example)
+    return ending, _int(opts, "endingTimestamp", 0), by_ts
+
+
 @dataclass(frozen=True)
 class KafkaSourceOptions:
     """The source's checked options (picklable; its client settings travel to executors).
@@ -122,6 +161,10 @@ class KafkaSourceOptions:
         starting: "earliest", "latest", "group", or topic → partition → offset (-2/-1).
         starting_timestamp: one timestamp for every partition, or None.
         starting_by_timestamp: topic → partition → timestamp, or None.
+        batch: parsed for a batch read (``spark.read``), which may set the ending options.
+        ending: batch reads: "latest", or topic → partition → offset (-1 latest).
+        ending_timestamp: batch reads: one end timestamp for every partition, or None.
+        ending_by_timestamp: batch reads: topic → partition → end timestamp, or None.
     """
 
     client_config: dict[str, str]
@@ -132,6 +175,10 @@ class KafkaSourceOptions:
     starting_timestamp: int | None = None
     starting_by_timestamp: dict[str, dict[int, int]] | None = None
     timestamp_strategy: str = "error"
+    batch: bool = False
+    ending: str | dict[str, dict[int, int]] = "latest"
+    ending_timestamp: int | None = None
+    ending_by_timestamp: dict[str, dict[int, int]] | None = None
     max_offsets_per_trigger: int | None = None
     min_partitions: int | None = None
     fail_on_data_loss: bool = True
@@ -158,8 +205,13 @@ class KafkaSourceOptions:
         return "subscribe" if self.subscribe else "subscribePattern" if self.pattern else "assign"
 
     @classmethod
-    def parse(cls, options: Mapping[str, str]) -> KafkaSourceOptions:
+    def parse(cls, options: Mapping[str, str], batch: bool = False) -> KafkaSourceOptions:
         """Parses Spark's (case-insensitive) option map.
+
+        Args:
+            options: the reader's options.
+            batch: for ``spark.read`` (else ``spark.readStream``): startingOffsets defaults to
+                earliest and may not be latest; the ending options are allowed.
 
         Raises:
             OptionError: naming the first bad option and the valid choices.
@@ -202,7 +254,8 @@ class KafkaSourceOptions:
                 raise OptionError("assign", 'must be a JSON object of topic to partition list, e.g. {"topicA":[0,1]}')
             assign = {t: tuple(sorted(set(ps))) for t, ps in raw.items()}
 
-        starting: str | dict[str, dict[int, int]] = str(opts.get("startingoffsets", "latest")).strip()
+        starting: str | dict[str, dict[int, int]] = str(
+            opts.get("startingoffsets", "earliest" if batch else "latest")).strip()
         if starting.lower() in ("earliest", "latest", "group"):
             starting = starting.lower()
             if starting == "group" and not opts.get("kafka.group.id", "").strip():
@@ -215,6 +268,11 @@ class KafkaSourceOptions:
             starting = _partition_map(_json(opts, "startingOffsets", example), "startingOffsets", example)
             if any(v < -2 for parts in starting.values() for v in parts.values()):
                 raise OptionError("startingOffsets", "offsets must be >= 0, or -2 (earliest) or -1 (latest)")
+        if batch and (starting == "latest" or (isinstance(starting, dict) and any(
+                v == LATEST for parts in starting.values() for v in parts.values()))):
+            raise OptionError("startingOffsets", "latest (-1) is not allowed in a batch read, which would read "
+                                                 "nothing; give earliest, group or offsets")
+        ending, end_ts, end_by_ts = _ending(opts, batch)
         by_ts = None
         if opts.get("startingoffsetsbytimestamp", "").strip():
             example = '{"topicA":{"0":1700000000000}}'
@@ -240,6 +298,10 @@ class KafkaSourceOptions:
             starting_timestamp=_int(opts, "startingTimestamp", 0),
             starting_by_timestamp=by_ts,
             timestamp_strategy=ts_strategy,
+            batch=batch,
+            ending=ending,
+            ending_timestamp=end_ts,
+            ending_by_timestamp=end_by_ts,
             max_offsets_per_trigger=_int(opts, "maxOffsetsPerTrigger", 1),
             min_partitions=_int(opts, "minPartitions", 1),
             fail_on_data_loss=_bool(opts, "failOnDataLoss"),

@@ -289,3 +289,55 @@ def _wait_for_compaction(bootstrap: str, topic: str, total: int, timeout_s: floa
         total += 1
         time.sleep(2)
     pytest.fail(f"the log cleaner did not compact {topic} within {timeout_s}s")
+
+
+def batch_read(spark, fmt: str = "lastagent-kafka", **options: str) -> list[dict]:
+    """``spark.read`` of the source: every row, as dicts."""
+    return [r.asDict(recursive=True) for r in spark.read.format(fmt).options(**options).load().collect()]
+
+
+def test_batch_read_matches_sparks_kafka_source(spark, kafka_bootstrap, new_topic):
+    """spark.read: committed, aborted, open and plain records; both ends; every row equal to Spark's."""
+    topic = new_topic(partitions=3)  # partition 2 stays empty
+    produce(kafka_bootstrap, topic, rows_of(20, 2, "c"), txn="commit")
+    produce(kafka_bootstrap, topic, rows_of(4, 2, "a"), txn="abort")
+    produce(kafka_bootstrap, topic, rows_of(5, 2, "n", start=20), headers=[("h", b"1")])
+    # Spark's source reads uncommitted unless told; ours reads committed unless told.
+    common = {"kafka.bootstrap.servers": kafka_bootstrap, "subscribe": topic, "includeHeaders": "true",
+              "kafka.isolation.level": "read_committed"}
+    key = lambda r: (r["partition"], r["offset"])  # noqa: E731
+    for extra in ({}, {"startingOffsets": f'{{"{topic}":{{"0":3,"1":-2,"2":-2}}}}',
+                       "endingOffsets": f'{{"{topic}":{{"0":12,"1":-1,"2":-1}}}}'}):
+        ours = sorted(batch_read(spark, **common, **extra), key=key)
+        assert ours == sorted(batch_read(spark, "kafka", **common, **extra), key=key)
+        assert not any(r["value"].startswith(b"a") for r in ours)
+    assert len(batch_read(spark, **common)) == 25
+    # Batch reads end at the last stable offset: an open transaction is not waited for.
+    open_txn = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": f"open-{uuid.uuid4().hex[:8]}"})
+    open_txn.init_transactions()
+    open_txn.begin_transaction()
+    open_txn.produce(topic, value=b"open", partition=2)
+    open_txn.flush()
+    try:
+        assert len(batch_read(spark, **common)) == 25
+    finally:
+        open_txn.abort_transaction()
+
+
+def test_batch_read_by_timestamps_and_bad_ends(spark, kafka_bootstrap, new_topic):
+    topic = new_topic(partitions=1)
+    produce(kafka_bootstrap, topic, rows_of(5, 1, "old"))
+    time.sleep(0.05)
+    cut = int(time.time() * 1000)
+    time.sleep(0.05)
+    produce(kafka_bootstrap, topic, rows_of(3, 1, "new"))
+    common = {"kafka.bootstrap.servers": kafka_bootstrap, "subscribe": topic}
+    assert values(batch_read(spark, **common, endingTimestamp=str(cut))) == values(
+        [{"value": f"old{i}".encode()} for i in range(5)])
+    assert len(batch_read(spark, **common, startingTimestamp=str(cut),
+                          endingOffsetsByTimestamp=f'{{"{topic}":{{"0":{cut + 3_600_000}}}}}')) == 3
+    assert batch_read(spark, **common, startingOffsets=f'{{"{topic}":{{"0":8}}}}') == []
+    with pytest.raises(Exception, match=r"option 'endingOffsets': is beyond the latest offset in .*-0 \(99 > 8\)"):
+        batch_read(spark, **common, endingOffsets=f'{{"{topic}":{{"0":99}}}}')
+    with pytest.raises(Exception, match="option 'startingOffsets': latest"):
+        batch_read(spark, **common, startingOffsets="latest")

@@ -130,3 +130,27 @@ def test_docs_options_md_is_generated_from_the_tables():
 
     doc = Path(__file__).resolve().parents[2] / "docs" / "options.md"
     assert doc.read_text() == render(), "docs/options.md is stale: run python -m lastagent.options_doc > docs/options.md"
+
+
+def test_batch_reads_default_to_earliest_and_take_ending_options():
+    o = KafkaSourceOptions.parse(BASE, batch=True)
+    assert o.batch and o.starting == "earliest" and o.ending == "latest"
+    o = KafkaSourceOptions.parse({**BASE, "endingOffsets": '{"a":{"0":5,"1":-1}}', "endingTimestamp": "7"}, batch=True)
+    assert o.ending == {"a": {0: 5, 1: -1}} and o.ending_timestamp == 7
+
+
+@pytest.mark.parametrize("extra, batch, option, words", [
+    ({"endingOffsets": "latest"}, False, "endingOffsets", "batch reads (spark.read) only"),
+    ({"endingTimestamp": "1"}, False, "endingTimestamp", "trigger(availableNow=True)"),
+    ({"startingOffsets": "latest"}, True, "startingOffsets", "not allowed in a batch read"),
+    ({"startingOffsets": '{"a":{"0":-1}}'}, True, "startingOffsets", "not allowed in a batch read"),
+    ({"endingOffsets": "earliest"}, True, "endingOffsets", "give latest or JSON"),
+    ({"endingOffsets": '{"a":{"0":-2}}'}, True, "endingOffsets", "earliest (-2) would read nothing"),
+    ({"endingOffsets": '{"a":'}, True, "endingOffsets", "not valid JSON"),
+    ({"endingOffsetsByTimestamp": '{"a":[1]}'}, True, "endingOffsetsByTimestamp", "must map partition numbers"),
+    ({"endingTimestamp": "soon"}, True, "endingTimestamp", "not an integer"),
+])
+def test_ending_options_are_checked_for_the_kind_of_read(extra, batch, option, words):
+    with pytest.raises(OptionError) as e:
+        KafkaSourceOptions.parse({**BASE, **extra}, batch=batch)
+    assert e.value.option == option and words in str(e.value)
