@@ -12,7 +12,7 @@ import uuid
 import pytest
 from support import read_committed
 
-from lastagent.kafka_xa import BranchHandle, BranchWriter, EndOutcome, KafkaXAResource
+from lastagent.kafka_xa import BranchError, BranchHandle, BranchWriter, EndOutcome, KafkaXAResource
 
 pytestmark = pytest.mark.integration
 
@@ -141,3 +141,15 @@ def test_broker_transaction_limits(xa):
     assert xa.broker_max_timeout_ms() >= 3_600_000
     xa.set_timeout(120_000)
     assert xa.get_timeout() == 120_000
+
+
+def test_a_record_the_broker_refuses_fails_prepare(kafka_bootstrap, new_topic):
+    """Delivery reports come for failures only; a failed record must still stop the branch."""
+    topic = new_topic(partitions=1)
+    w = BranchWriter({"bootstrap.servers": kafka_bootstrap, "message.timeout.ms": "5000"},
+                     f"xa-{uuid.uuid4().hex[:8]}-0", 60_000)
+    w.send(topic, b"fine")
+    w.send(topic, b"nowhere", partition=7)  # the topic has one partition
+    with pytest.raises(BranchError, match=rf"delivery failed: {topic}\[7\]"):
+        w.prepare(flush_timeout_s=30)
+    w.abort_local()
