@@ -52,6 +52,11 @@ WORK = tempfile.mkdtemp(prefix="lastagent-bench-delta-")
 SINKS = {"delta-builtin": ("kafka", "delta"), "lastagent-delta": ("lastagent-kafka", "lastagent-delta")}
 
 
+#: sink → seconds per phase of Spark's micro-batch (durationMs of the progress reports), summed
+#: over the epochs of the last timed run: where each pipeline spends its time.
+PHASES: dict[str, dict[str, float]] = {}
+
+
 def spark_write(spark, sink: str, topic: str, rows: int, per_trigger: int) -> tuple[float, str]:
     """One availableNow run of ``sink`` over the whole topic: (rows/s, table path). Checks the rows."""
     source_fmt, sink_fmt = SINKS[sink]
@@ -71,6 +76,11 @@ def spark_write(spark, sink: str, topic: str, rows: int, per_trigger: int) -> tu
     elapsed = time.perf_counter() - start
     if query.exception() is not None:
         raise SystemExit(f"{sink} failed: {query.exception()}")
+    phases: dict[str, float] = {}
+    for progress in query.recentProgress:
+        for phase, ms in progress["durationMs"].items():
+            phases[phase] = phases.get(phase, 0.0) + ms / 1000
+    PHASES[sink] = {k: round(v, 2) for k, v in sorted(phases.items())}
     written = spark.read.format("delta").load(table).count()
     if written != rows:
         raise SystemExit(f"{sink}: table {table} holds {written} rows, expected {rows}")
@@ -126,6 +136,7 @@ def main() -> int:
                 results[sink].append(rate)
                 last[sink] = table
         med = {k: statistics.median(v) for k, v in results.items()}
+        phases = {k: dict(v) for k, v in PHASES.items()}
         files = {"full": files_section(spark, topic, ROWS, PER_TRIGGER, tables=last)}
         small = fill_topic(admin, PARTITIONS, SMALL_ROWS, VALUE_BYTES)
         files["small_trigger"] = files_section(spark, small, SMALL_ROWS, SMALL_PER_TRIGGER)
@@ -134,6 +145,7 @@ def main() -> int:
             "per_trigger": PER_TRIGGER,
             "rows_per_s_median": {k: round(v) for k, v in med.items()},
             "ratio_vs_builtin": round(med["lastagent-delta"] / med["delta-builtin"], 2),
+            "seconds_per_phase_last_run": phases,
             "files": files,
         }
         print(json.dumps(summary, indent=2))

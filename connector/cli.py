@@ -19,8 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from lastagent.errors import LastAgentError
 
@@ -157,5 +158,23 @@ def _recover(committer: Any, args: argparse.Namespace) -> int:
     return 1 if remaining else 0
 
 
+def exit_now(code: int) -> NoReturn:
+    """Ends a finished command with ``code``, skipping the interpreter's teardown.
+
+    Native runtimes loaded by the Delta and Arrow libraries (pyarrow's thread pools, delta-rs's
+    tokio workers) have been seen to abort the process while the interpreter tears down
+    ("terminate called without an active exception", SIGABRT) after all output was written,
+    which turned a decided exit status into -6. The work is done and flushed by then.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run() -> NoReturn:
+    """The ``lastagent`` command (console script and ``python -m lastagent.cli``)."""
+    exit_now(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -64,6 +64,16 @@ class Query:
         return rows
 
 
+def old_then_new(bootstrap: str, topic: str, old: int, new: int, partitions: int) -> int:
+    """Writes ``old`` records tagged "old", then ``new`` tagged "new"; returns a timestamp (ms) between them."""
+    produce(bootstrap, topic, rows_of(old, partitions, "old"))
+    time.sleep(0.05)
+    cut = int(time.time() * 1000)
+    time.sleep(0.05)
+    produce(bootstrap, topic, rows_of(new, partitions, "new"))
+    return cut
+
+
 def values(rows: list[dict]) -> list[bytes]:
     return sorted(r["value"] for r in rows)
 
@@ -121,11 +131,7 @@ def test_stop_and_restart_from_checkpoint_has_no_gap_and_no_duplicate(spark, tmp
 
 def test_starting_offsets_latest_json_and_timestamps(spark, tmp_path, kafka_bootstrap, new_topic, base):
     topic = new_topic(partitions=2)
-    produce(kafka_bootstrap, topic, rows_of(10, 2, "old"))
-    time.sleep(0.05)
-    cut = int(time.time() * 1000)
-    time.sleep(0.05)
-    produce(kafka_bootstrap, topic, rows_of(4, 2, "new"))
+    cut = old_then_new(kafka_bootstrap, topic, 10, 4, 2)
     common = {"kafka.bootstrap.servers": kafka_bootstrap, "subscribe": topic}
 
     assert Query(spark, tmp_path).run(**common, startingOffsets="latest") == []
@@ -326,11 +332,7 @@ def test_batch_read_matches_sparks_kafka_source(spark, kafka_bootstrap, new_topi
 
 def test_batch_read_by_timestamps_and_bad_ends(spark, kafka_bootstrap, new_topic):
     topic = new_topic(partitions=1)
-    produce(kafka_bootstrap, topic, rows_of(5, 1, "old"))
-    time.sleep(0.05)
-    cut = int(time.time() * 1000)
-    time.sleep(0.05)
-    produce(kafka_bootstrap, topic, rows_of(3, 1, "new"))
+    cut = old_then_new(kafka_bootstrap, topic, 5, 3, 1)
     common = {"kafka.bootstrap.servers": kafka_bootstrap, "subscribe": topic}
     assert values(batch_read(spark, **common, endingTimestamp=str(cut))) == values(
         [{"value": f"old{i}".encode()} for i in range(5)])
