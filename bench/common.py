@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import threading
 import time
 import uuid
@@ -21,12 +22,17 @@ def new_topic(admin: KafkaAdminClient, partitions: int) -> str:
 
 
 def fill_topic(admin: KafkaAdminClient, partitions: int, rows: int, value_size: int) -> str:
-    """A new topic with ``rows`` records of ``value_size`` bytes, round-robin over partitions."""
+    """A new topic with ``rows`` records of ``value_size`` random bytes, round-robin over partitions.
+
+    Random, uncompressed values: a 1 GB partition is 1 GB on the broker and on the wire. (Constant
+    values under lz4 once made "1 GB" a 10 MB log whose 1 MB fetches inflated to 100 MB.)
+    """
     topic = new_topic(admin, partitions)
     producer = Producer({"bootstrap.servers": BOOTSTRAP, "linger.ms": 50, "batch.size": 1_000_000,
-                         "compression.type": "lz4", "queue.buffering.max.kbytes": 1_048_576})
-    value = b"x" * value_size
+                         "compression.type": "none", "queue.buffering.max.kbytes": 1_048_576})
+    rng = random.Random(42)
     for i in range(rows):
+        value = rng.randbytes(value_size)
         while True:
             try:
                 producer.produce(topic, value=value, key=str(i).encode(), partition=i % partitions)
