@@ -76,7 +76,7 @@ def kafka_schema(include_headers: bool) -> StructType:
 class KafkaInputPartition(InputPartition):
     """One Spark task's work (pickled to the executor): an offset range and the client settings."""
 
-    range: OffsetRange | None  # None: the one empty partition of a batch read with nothing to read
+    range: OffsetRange
     options: KafkaSourceOptions
 
 
@@ -161,7 +161,6 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: KafkaInputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         """Executor: the records of one offset range as Arrow record batches."""
-        assert partition.range is not None
         return read_range(partition.range, partition.options)
 
     def commit(self, end: dict) -> None:
@@ -307,12 +306,12 @@ class KafkaBatchReader(DataSourceReader):
                                                f"{', '.join(f'{t}-{p} ({begin[(t, p)]} > {end[(t, p)]})' for t, p in behind)}")
         ranges = plan_ranges(begin, end, self.options.min_partitions)
         log.info("batch read of %d offset range(s), %d records at most", len(ranges), sum(r.size for r in ranges))
-        # Spark needs at least one partition to build the scan, even for an empty read.
-        return [KafkaInputPartition(r, self.options) for r in ranges] or [KafkaInputPartition(None, self.options)]
+        return [KafkaInputPartition(r, self.options) for r in ranges]
 
-    def read(self, partition: KafkaInputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         """Executor: the records of one offset range as Arrow record batches."""
-        if partition.range is None:
+        if not isinstance(partition, KafkaInputPartition):
+            # Nothing to read: pyspark plans one InputPartition(None) in place of an empty list.
             return iter(())
         return read_range(partition.range, partition.options)
 

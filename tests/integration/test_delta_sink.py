@@ -95,6 +95,16 @@ def test_schema_mismatch_fails_at_start_naming_the_column(spark, source, tmp_pat
     assert DeltaTable(table).version() == 0  # nothing committed
 
 
+def test_complete_mode_is_refused_naming_output_mode(spark, source, tmp_path):
+    table = str(tmp_path / "out")
+    q = (spark.readStream.format("delta").load(source).groupBy("id").count()
+         .writeStream.format("lastagent-delta").outputMode("complete").option("link", "d-complete")
+         .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start(table))
+    with pytest.raises(Exception, match=r"option 'outputMode': lastagent-delta appends each epoch"):
+        q.awaitTermination()
+    assert not Path(table, "_delta_log").exists()  # nothing committed
+
+
 def test_merge_schema_adds_new_columns(spark, source, tmp_path):
     table = str(tmp_path / "out")
     spark.range(1000, 1001).selectExpr("id").write.format("delta").save(table)

@@ -343,3 +343,6 @@ def test_batch_read_by_timestamps_and_bad_ends(spark, kafka_bootstrap, new_topic
         batch_read(spark, **common, endingOffsets=f'{{"{topic}":{{"0":99}}}}')
     with pytest.raises(Exception, match="option 'startingOffsets': latest"):
         batch_read(spark, **common, startingOffsets="latest")
+    with pytest.raises(Exception, match=r"option 'endingOffsets': ends before the start in .*-0 \(5 > 3\)"):
+        batch_read(spark, **common, startingOffsets=f'{{"{topic}":{{"0":5}}}}',
+                   endingOffsets=f'{{"{topic}":{{"0":3}}}}')
