@@ -85,15 +85,15 @@ def commit_overhead(branches: int, admin: KafkaAdminClient) -> dict[str, float]:
     })
     times = []
     with Committer(options) as committer:
-        committer.start()
+        generation = committer.start(owner="bench")[0].generation
         for epoch in range(EPOCHS):
             handles = []
             for b in range(branches):
-                w = BranchWriter(options.client_config, options.transactional_id(b, 0), options.transaction_timeout_ms)
+                w = BranchWriter(options.client_config, options.transactional_id(generation, b, 0), options.transaction_timeout_ms)
                 w.send(topic, b"v", key=str(b).encode())
                 handles.append(w.prepare())
             start = time.perf_counter()
-            committer.commit(epoch, handles)
+            committer.commit(epoch, generation, handles)
             times.append((time.perf_counter() - start) * 1000)
     times.sort()
     return {"p50_ms": round(statistics.median(times), 1), "p95_ms": round(times[int(len(times) * 0.95) - 1], 1)}

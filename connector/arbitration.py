@@ -21,7 +21,8 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from lastagent.errors import LastAgentError
 
@@ -34,6 +35,27 @@ class ArbitrationError(LastAgentError):
 
 class LinkMismatchError(ArbitrationError):
     """The arbitration table belongs to another link (the `link` option was renamed)."""
+
+
+class LinkOwnedError(ArbitrationError):
+    """Another query (another checkpoint) owns the link; this one was refused and changed nothing."""
+
+
+class StaleOwnerError(ArbitrationError):
+    """A newer run of the link started (its generation moved on); this run may decide nothing more."""
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """Who owns a link: the Spark query id of its checkpoint and the generation of its current run.
+
+    Every query start claims the next generation (race-safely, in the arbitration store) before it
+    recovers anything; a decision is written only for the generation that stands, so a run that
+    was superseded can never decide an epoch.
+    """
+
+    owner: str
+    generation: int
 
 
 @dataclass(frozen=True)
@@ -67,10 +89,31 @@ class Decision:
 
 
 class ArbitrationStore(Protocol):
-    """What the protocol needs from an arbitration store."""
+    """The arbitration store port: what the protocol needs from wherever decisions live.
 
-    def decide(self, record: ArbitrationRecord) -> Decision:
-        """Records the epoch unless already decided; returns the record that stands."""
+    Implemented by the dedicated arbitration table (:class:`DeltaArbitrationStore`), the
+    ``lastagent-delta`` target table (``TargetTableStore``) and, for tests, memory.
+    """
+
+    def claim(self, link: str, owner: str, *, takeover: bool = False) -> Ownership:
+        """Claims the link's next generation for ``owner``, race-safely.
+
+        Raises:
+            LinkOwnedError: another owner holds the link (unless ``takeover``: the admin command
+                fences the running owner without replacing it).
+        """
+        ...
+
+    def ownership(self, link: str) -> Ownership | None:
+        """The link's current owner and generation, or None before the first claim."""
+        ...
+
+    def decide(self, record: ArbitrationRecord, generation: int) -> Decision:
+        """Records the epoch unless already decided; returns the record that stands.
+
+        Raises:
+            StaleOwnerError: ``generation`` is no longer the link's (checked atomically with the commit).
+        """
         ...
 
     def get(self, link: str, epoch: int) -> ArbitrationRecord | None:
@@ -98,16 +141,94 @@ class ArbitrationStore(Protocol):
         ...
 
 
+def stale(link: str, generation: int, current: Ownership | None) -> StaleOwnerError:
+    """The error of a run whose generation is no longer the link's."""
+    now = "no owner" if current is None else f"generation {current.generation} of query {current.owner}"
+    return StaleOwnerError(
+        f"link {link!r}: this run (generation {generation}) was superseded ({now} holds the link now: the query "
+        "was started again, or `lastagent recover` ran); it decides nothing more and stops. Nothing of this "
+        "epoch was committed; the current run recovers it")
+
+
+def owned(link: str, where: str, current: Ownership, owner: str) -> LinkOwnedError:
+    """The error of a query refused at start because another query owns the link."""
+    return LinkOwnedError(
+        f"option 'link': link {link!r} is owned by query {current.owner} (generation {current.generation}, "
+        f"recorded in {where}); this query ({owner}) has another checkpoint. Two queries on one link would fence "
+        "each other: stop this one, or restart the owner from its own checkpointLocation, or give this query a "
+        "new link name (and, for lastagent-kafka, a new arbitrationTable). Nothing was changed")
+
+
+def owner_keys(link: str) -> tuple[str, str]:
+    """The Delta table properties that hold a link's owner and generation."""
+    return f"lastagent.link.{link}.owner", f"lastagent.link.{link}.generation"
+
+
+def delta_ownership(table: Any, link: str) -> Ownership | None:
+    """A link's ownership from a Delta table's properties (a snapshot read, no history)."""
+    owner_key, gen_key = owner_keys(link)
+    conf = table.metadata().configuration
+    if gen_key not in conf:
+        return None
+    return Ownership(conf.get(owner_key, ""), int(conf[gen_key]))
+
+
+def claim_on_delta(open_table: Callable[[], Any], where: str, link: str, owner: str, takeover: bool) -> Ownership:
+    """Claims the next generation in a Delta table's properties.
+
+    A property change is a metadata commit: Delta refuses any commit (a decision, another claim)
+    that raced with it, so a decider that read the old generation must re-read and is refused.
+    """
+    from deltalake.exceptions import CommitFailedError
+
+    for _ in range(10):
+        table = open_table()
+        current = delta_ownership(table, link)
+        if current is not None and current.owner not in ("", owner) and not takeover:
+            raise owned(link, where, current, owner)
+        # A takeover (the admin command) moves the generation but keeps the owner ("" for none).
+        claimed = Ownership(current.owner if (current and takeover) else owner,
+                            (current.generation if current else 0) + 1)
+        owner_key, gen_key = owner_keys(link)
+        try:
+            table.alter.set_table_properties({owner_key: claimed.owner, gen_key: str(claimed.generation)},
+                                             raise_if_not_exists=False)
+            log.info("link %s: generation %d claimed by %s in %s", link, claimed.generation, claimed.owner, where)
+            return claimed
+        except CommitFailedError as exc:
+            log.info("link %s: claim in %s raced another commit (%s); re-reading", link, where, exc)
+        except Exception as exc:  # noqa: BLE001 — delta-rs raises plain errors for I/O
+            raise ArbitrationError(f"cannot record the owner of link {link!r} in {where}: {exc}") from exc
+    raise ArbitrationError(f"link {link!r}: too many concurrent commits to {where} while claiming it")
+
+
 class InMemoryArbitrationStore:
     """The same interface, in memory; for unit tests and the model check."""
 
     def __init__(self) -> None:
         self._rows: dict[tuple[str, int], ArbitrationRecord] = {}
         self._latest: dict[str, int] = {}
+        self._owners: dict[str, Ownership] = {}
         self._lock = threading.Lock()
 
-    def decide(self, record: ArbitrationRecord) -> Decision:
+    def claim(self, link: str, owner: str, *, takeover: bool = False) -> Ownership:
         with self._lock:
+            current = self._owners.get(link)
+            if current is not None and current.owner not in ("", owner) and not takeover:
+                raise owned(link, "memory", current, owner)
+            claimed = Ownership(current.owner if (current and takeover) else owner,
+                                (current.generation if current else 0) + 1)
+            self._owners[link] = claimed
+            return claimed
+
+    def ownership(self, link: str) -> Ownership | None:
+        return self._owners.get(link)
+
+    def decide(self, record: ArbitrationRecord, generation: int) -> Decision:
+        with self._lock:
+            current = self._owners.get(record.link)
+            if current is None or current.generation != generation:
+                raise stale(record.link, generation, current)
             if self._latest.get(record.link, -1) >= record.epoch:
                 existing = self._rows.get((record.link, record.epoch))
                 if existing is None:
@@ -165,18 +286,41 @@ class DeltaArbitrationStore:
         from deltalake.exceptions import TableNotFoundError
 
         try:
-            return DeltaTable(self.path, storage_options=self._storage)
+            table = DeltaTable(self.path, storage_options=self._storage)
         except TableNotFoundError:
             return None
         except Exception as exc:  # noqa: BLE001 — any read failure means "cannot decide now"
             raise ArbitrationError(f"cannot read arbitration table {self.path}: {exc}") from exc
+        names = tuple(f.name for f in table.schema().fields)
+        if names != self.SCHEMA_FIELDS:
+            raise ArbitrationError(
+                f"option 'arbitrationTable': {self.path} is a Delta table of another schema (columns {list(names)}), "
+                f"not a lastagent arbitration table (columns {list(self.SCHEMA_FIELDS)}); give a path of its own")
+        return table
 
     def _ensure_table(self):  # noqa: ANN202
-        """Opens the table, creating it empty first; a creation race leaves one table."""
+        """Opens the table, creating it empty first; a creation race leaves one table.
+
+        A path that holds other files but no Delta table is refused, not turned into a table.
+        """
         table = self._table()
         if table is not None:
             return table
         from deltalake import DeltaTable
+        from pyarrow import fs
+
+        from lastagent.checkpoint import filesystem
+
+        filesystem_, root = filesystem(self.path, "arbitrationTable")
+        try:
+            found = filesystem_.get_file_info(fs.FileSelector(root, allow_not_found=True))
+        except OSError as exc:
+            raise ArbitrationError(f"option 'arbitrationTable': cannot list {self.path}: {exc}") from exc
+        others = sorted(i.base_name for i in found if i.base_name != "_delta_log")
+        if others:
+            raise ArbitrationError(
+                f"option 'arbitrationTable': {self.path} holds other files ({', '.join(others[:3])}) and no Delta "
+                "table; lastagent creates its arbitration table only in an empty or new directory")
 
         try:
             # Created empty, so every decision (epoch 0 too) is a commit against an existing
@@ -226,7 +370,14 @@ class DeltaArbitrationStore:
                 "use the old name, or a new arbitrationTable for a new link"
             )
 
-    def decide(self, record: ArbitrationRecord) -> Decision:
+    def claim(self, link: str, owner: str, *, takeover: bool = False) -> Ownership:
+        return claim_on_delta(self._ensure_table, f"arbitration table {self.path}", link, owner, takeover)
+
+    def ownership(self, link: str) -> Ownership | None:
+        table = self._table()
+        return None if table is None else delta_ownership(table, link)
+
+    def decide(self, record: ArbitrationRecord, generation: int) -> Decision:
         from deltalake import CommitProperties, Transaction, write_deltalake
         from deltalake.exceptions import CommitFailedError
 
@@ -234,6 +385,9 @@ class DeltaArbitrationStore:
             record = replace(record, decided_at_ms=int(time.time() * 1000))
         for _ in range(10):
             table = self._ensure_table()
+            current = delta_ownership(table, record.link)
+            if current is None or current.generation != generation:
+                raise stale(record.link, generation, current)
             decided = table.transaction_version(record.link)
             if decided is not None and decided >= record.epoch:
                 existing = self.get(record.link, record.epoch, table)

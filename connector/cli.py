@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         with _committer(args) as committer:
+            _require_table(committer, args)
             if args.command == "status":
                 status = _status(committer)
                 print(json.dumps(status, indent=2)) if args.json else _print_status(status)
@@ -126,6 +127,17 @@ def main(argv: list[str] | None = None) -> int:
     except (LastAgentError, KafkaError, OSError) as exc:
         print(f"lastagent: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
+
+
+def _require_table(committer: Any, args: argparse.Namespace) -> None:
+    """Fails when the arbitration (or target) table is not there: a wrong path must not read as 'no doubt'."""
+    from lastagent.arbitration import ArbitrationError
+
+    path = args.arbitration_table or args.table
+    table = committer.store._table() if args.arbitration_table else committer.store.table()
+    if table is None:
+        raise ArbitrationError(f"{'--arbitration-table' if args.arbitration_table else '--table'} {path}: no Delta "
+                               "table there; give the path the query uses")
 
 
 def _recover(committer: Any, args: argparse.Namespace) -> int:
@@ -140,6 +152,12 @@ def _recover(committer: Any, args: argparse.Namespace) -> int:
                 print(f"lastagent: {tid} is not an open branch of link {committer.link}", file=sys.stderr)
                 return 2
             actions.append((by_id[tid][0], verb))
+    if any(verb == "rollback" for _, verb in actions):
+        # A running query may be about to decide the branch we roll back: move the link's
+        # generation first, so that query can decide nothing more (it stops; restart it).
+        fenced = committer.store.claim(committer.link, "", takeover=True)
+        print(f"link {committer.link}: generation {fenced.generation} claimed by this command; a query still "
+              "running on the link stops at its next epoch and recovers when restarted", file=sys.stderr)
     for tid in args.forget:
         committer.xa.forget(by_id[tid][0].handle()) if tid in by_id else None
     done = []

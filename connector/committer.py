@@ -12,8 +12,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from lastagent import faults, protocol, xid
-from lastagent.arbitration import ArbitrationRecord, DeltaArbitrationStore
+from lastagent import checkpoint, faults, protocol, xid
+from lastagent.arbitration import ArbitrationRecord, DeltaArbitrationStore, Ownership
 from lastagent.errors import LastAgentError, OptionError
 from lastagent.kafka_xa import BranchHandle, EndOutcome, EndResult, KafkaXAResource
 from lastagent.protocol import Branch, CommitBranch, RollbackBranch
@@ -27,19 +27,6 @@ class DecidedBranchLostError(LastAgentError):
     The epoch's Delta/arbitration record says it committed, so its Kafka records are missing:
     the query stops and names link, epoch and branch; nothing is silently dropped.
     """
-
-
-def spark_committed_through(checkpoint_location: str) -> int:
-    """The newest epoch in Spark's commit log (``<checkpoint>/commits/<epoch>``), -1 for none."""
-    from pyarrow import fs
-
-    try:
-        filesystem, path = fs.FileSystem.from_uri(checkpoint_location)
-    except (ValueError, TypeError, OSError):
-        filesystem, path = fs.LocalFileSystem(), checkpoint_location
-    infos = filesystem.get_file_info(fs.FileSelector(f"{path.rstrip('/')}/commits", allow_not_found=True))
-    epochs = [int(i.base_name) for i in infos if i.base_name.isdigit()]
-    return max(epochs, default=-1)
 
 
 class Committer:
@@ -83,45 +70,69 @@ class Committer:
                 f"({broker_max}); lower the option or raise the broker setting",
             )
 
-    def start(self) -> int:
-        """Recovery at query start, before any task runs (:func:`lastagent.protocol.recover`).
+    def start(self, owner: str | None = None, *, takeover: bool = False) -> tuple[Ownership, int]:
+        """Query start: claim the link, then recover (:func:`lastagent.protocol.recover`). Driver.
 
-        Every open transaction of the link is listed from the broker. One recorded in a kept
-        decision is committed — e.g. the newest decided epoch when the crash came before Spark's
-        commit log; a recorded branch of an epoch Spark has not logged that is no longer open
-        is committed again, and one the broker ended otherwise (expired) raises
-        :class:`DecidedBranchLostError`. Every other open branch is rolled back (presumed
-        abort). This must run before tasks start: a task reuses transactional ids, and a new
-        producer on an id aborts that id's open transaction.
+        The claim comes first and is race-safe: from then on no earlier run of the link (a query
+        still running elsewhere, or an earlier attempt of this one) can decide an epoch, so what
+        recovery reads cannot change under it. Every open transaction of the link from earlier
+        generations is listed from the broker. One recorded in a kept decision is committed; a
+        recorded branch of an epoch Spark has not logged that is no longer open is committed
+        again, and one the broker ended otherwise (expired) raises :class:`DecidedBranchLostError`.
+        Every other open branch of earlier generations is rolled back (presumed abort).
+
+        Args:
+            owner: the Spark query id of the checkpoint; defaults to the one in ``checkpointLocation``.
+            takeover: claim without being the owner (``lastagent recover``): fences the running owner.
 
         Returns:
-            The newest decided epoch of the link (-1 for none): re-run tasks of an epoch at or
-            below it write nothing.
+            (the claimed ownership, the newest decided epoch or -1): re-run tasks of an epoch at or
+            below that epoch write nothing.
+
+        Raises:
+            LinkOwnedError: another query owns the link (nothing changed).
         """
         self.check()
+        if owner is None:
+            owner = checkpoint.query_id(self.options.checkpoint_location)
+        ownership = self.store.claim(self.link, owner, takeover=takeover)
         latest = self.store.latest_epoch(self.link)
         decisions = {r.epoch: r for r in self.store.records(self.link)} if latest is not None else {}
+        if latest is not None and latest not in decisions:
+            from lastagent.arbitration import ArbitrationError
+
+            raise ArbitrationError(f"link {self.link!r}: the record of its newest decided epoch {latest} cannot be "
+                                   "read; nothing was changed")
         handles = {Branch.of(h): h for r in decisions.values() for h in map(BranchHandle.from_json, r.branches)}
-        open_now = self._open()
+        open_now = self._open(ownership.generation - 1)
         handles.update((Branch.of(t), t.handle()) for t in open_now)
+        committed = checkpoint.committed_through(self.options.checkpoint_location) if not takeover else latest
         actions = protocol.recover(
-            spark_committed_through(self.options.checkpoint_location),
+            -1 if committed is None else committed,
             {e: tuple(Branch.of(BranchHandle.from_json(b)) for b in r.branches) for e, r in decisions.items()},
             [Branch.of(t) for t in open_now], committed=None, link=self.link)
         if actions:
-            log.warning("link %s: recovery at start: %d branch(es) to commit, %d to roll back", self.link,
-                        sum(isinstance(a, CommitBranch) for a in actions),
+            log.warning("link %s: recovery at start (generation %d): %d branch(es) to commit, %d to roll back",
+                        self.link, ownership.generation, sum(isinstance(a, CommitBranch) for a in actions),
                         sum(isinstance(a, RollbackBranch) for a in actions))
             faults.point("in_recovery")
             self._carry_out(actions, handles)
-        return -1 if latest is None else latest
+        return ownership, -1 if latest is None else latest
 
-    def _open(self) -> list[Any]:
-        """The link's open transactions; ids of another link that shares the prefix are not ours."""
+    def _open(self, through_generation: int | None = None) -> list[Any]:
+        """The link's open transactions, of generations up to ``through_generation`` (all when None).
+
+        Ids of another link that shares the prefix are not ours; a newer generation's branches
+        belong to a run that superseded this one, and only that run may end them.
+        """
         if self.xa is None:
             return []
-        return [t for t in self.xa.recover(self.options.id_prefix)
-                if xid.parse_transactional_id(self.link, t.transactional_id) is not None]
+        out = []
+        for t in self.xa.recover(self.options.id_prefix):
+            parsed = xid.parse_transactional_id(self.link, t.transactional_id)
+            if parsed is not None and (through_generation is None or parsed[0] <= through_generation):
+                out.append(t)
+        return out
 
     def in_doubt(self) -> list[tuple[Any, str, int]]:
         """Every open branch of the link with the decision recovery would give it.
@@ -161,15 +172,22 @@ class Committer:
 
     # -- epoch --------------------------------------------------------------------------------
 
-    def commit(self, epoch: int, handles: Sequence[BranchHandle], data: Any = None) -> ArbitrationRecord:
-        """Decides the epoch (last agent), then commits its branches and rolls back the rest.
+    def commit(self, epoch: int, generation: int, handles: Sequence[BranchHandle],
+               data: Any = None) -> ArbitrationRecord:
+        """Decides the epoch (last agent), then commits its branches and rolls back the rest. Driver.
 
-        ``data`` is what the last agent commits beside the record (the ``lastagent-delta``
-        sink's staged data files); the store drops it if another decision already stands.
+        ``generation`` is the run's (its tasks carried it in their commit messages): the store
+        writes the decision only while it is the link's, atomically with the commit, so a
+        superseded run stops here with nothing decided. ``data`` is what the last agent commits
+        beside the record (the ``lastagent-delta`` sink's staged data files); the store drops it
+        if another decision already stands.
 
         The decision needs only the arbitration store; the broker is asked for the link's other
         open branches after the commits, so a broker outage after the decision leaves a
         decided epoch that the next start completes.
+
+        Raises:
+            StaleOwnerError: a newer run owns the link; nothing was decided.
         """
         live = [h for h in handles if not h.read_only]
         prepared = [Branch.of(h) for h in live]
@@ -180,7 +198,8 @@ class Committer:
         )
         # WriteDecision, the first action of protocol.decide_epoch(epoch, None, ...): the store
         # answers with the record that stands (ours, or a racing decider's).
-        decision = self.store.decide(record, data) if data is not None else self.store.decide(record)
+        decision = (self.store.decide(record, generation, data) if data is not None
+                    else self.store.decide(record, generation))
         if not decision.won:
             log.warning("link %s epoch %d was already decided; following that record (%d branches)",
                         self.link, epoch, len(decision.record.branches))
@@ -190,9 +209,10 @@ class Committer:
         recorded = [Branch.of(h) for h in recorded_handles]
         faults.point("after_arbitration")
         self._carry_out(protocol.decide_epoch(epoch, recorded, prepared, []), known)
-        open_now = self._open()
+        # Recorded branches are committed by now; what is still open of this run (or an earlier
+        # one) is failed or superseded attempts. A newer run's branches are left to that run.
+        open_now = self._open(generation)
         known.update((Branch.of(t), t.handle()) for t in open_now)
-        # Recorded branches are committed by now; what is still open is failed or superseded attempts.
         self._carry_out([a for a in protocol.decide_epoch(epoch, recorded, [], [Branch.of(t) for t in open_now])
                          if isinstance(a, RollbackBranch)], known)
         faults.point("after_phase2")
@@ -202,12 +222,17 @@ class Committer:
                 log.info("link %s: cleaned up %d confirmed arbitration rows", self.link, removed)
         return decision.record
 
-    def abort(self, epoch: int, handles: Sequence[BranchHandle]) -> None:
-        """Spark gave up on the epoch. If it was decided, its record stands; else roll back all."""
+    def abort(self, epoch: int, generation: int | None, handles: Sequence[BranchHandle]) -> None:
+        """Spark gave up on the epoch. If it was decided, its record stands; else roll back. Driver.
+
+        Rolled back: the reported branches and the open branches of this run's generation or
+        earlier ones; with no report (``generation`` None) only the reported ones, since it is not
+        known which run this is.
+        """
         record = self.store.get(self.link, epoch)
         reported = [h for h in handles if not h.read_only]
         known = {Branch.of(h): h for h in reported}
-        open_now = self._open()
+        open_now = [] if generation is None else self._open(generation)
         known.update((Branch.of(t), t.handle()) for t in open_now if Branch.of(t) not in known)
         recorded = None
         if record is not None:

@@ -136,23 +136,28 @@ def id_prefix(link: str) -> str:
     return f"{_PREFIX}{link}-"
 
 
-def transactional_id(link: str, partition: int, attempt: int) -> str:
-    """The branch id of one task attempt: ``lastagent-<link>-<partition>-<attempt>``.
+def transactional_id(link: str, generation: int, partition: int, attempt: int) -> str:
+    """The branch id of one task attempt: ``lastagent-<link>-<generation>-<partition>-<attempt>``.
 
-    Bounded per link (partitions × attempts) and reused across epochs.
+    ``generation`` is the link's owner generation, claimed at query start: two runs of a link
+    never share an id, so a run's producer can never fence another run's open transaction.
+    Within a run the ids are bounded (partitions × attempts) and reused across epochs.
     """
-    return f"{id_prefix(link)}{partition}-{attempt}"
+    return f"{id_prefix(link)}{generation}-{partition}-{attempt}"
 
 
-def parse_transactional_id(link: str, tid: str) -> tuple[int, int] | None:
-    """(partition, attempt) when ``tid`` is exactly one of the link's branch ids, else None."""
+def parse_transactional_id(link: str, tid: str) -> tuple[int, int, int] | None:
+    """(generation, partition, attempt) when ``tid`` is exactly one of the link's branch ids, else None.
+
+    Unambiguous although links may contain '-': a longer link ``<link>-x`` adds parts after the prefix.
+    """
     prefix = id_prefix(link)
     if not tid.startswith(prefix):
         return None
     parts = tid[len(prefix):].split("-")
-    if len(parts) != 2 or not all(_DECIMAL.fullmatch(p) for p in parts):
+    if len(parts) != 3 or not all(_DECIMAL.fullmatch(p) for p in parts):
         return None
-    return int(parts[0]), int(parts[1])
+    return int(parts[0]), int(parts[1]), int(parts[2])
 
 
 def check_link(link: str) -> str:
@@ -187,6 +192,6 @@ class LinkIds:
         """Every transactional.id of this link starts with this (recovery lists by it)."""
         return id_prefix(self.link)
 
-    def transactional_id(self, partition: int, attempt: int) -> str:
-        """The branch id of one task attempt: bounded per link, reused across epochs."""
-        return transactional_id(self.link, partition, attempt)
+    def transactional_id(self, generation: int, partition: int, attempt: int) -> str:
+        """The branch id of one task attempt of the run that owns ``generation``."""
+        return transactional_id(self.link, generation, partition, attempt)

@@ -20,14 +20,16 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from lastagent.arbitration import ArbitrationError, ArbitrationRecord, Decision, LinkMismatchError
+from lastagent.arbitration import (ArbitrationError, ArbitrationRecord, Decision, LinkMismatchError, Ownership,
+                                   claim_on_delta, delta_ownership, stale)
 from lastagent.errors import LastAgentError
 from lastagent.sinks import delta_files
 
 log = logging.getLogger("lastagent.delta")
 
-#: Commits read back from the table's history when looking for a link's records.
-HISTORY_LIMIT = 1000
+#: Commits read back from the table's history in the first look for a link's record; the look
+#: widens (doubling) until the record or the table's first retained commit is reached.
+HISTORY_FIRST_LOOK = 100
 
 
 class SchemaMismatchError(LastAgentError):
@@ -127,11 +129,56 @@ class TargetTableStore:
 
     # -- the decision -----------------------------------------------------------------------
 
-    def decide(self, record: ArbitrationRecord, staged: StagedEpoch | None = None) -> Decision:
+    # -- ownership ----------------------------------------------------------------------------
+
+    def claim(self, link: str, owner: str, *, takeover: bool = False) -> Ownership:
+        """Claims the link's next generation in the target table's properties.
+
+        A table that does not exist yet is created empty first when its schema is known (the
+        query's rows, no transformer). Otherwise the first run's generation is 0 until its first
+        decision creates the table with it (two first runs race on creating the table: one wins,
+        the other's decision is refused).
+        """
+        if self.table() is None:
+            if self.fallback_schema_json is None:
+                return Ownership(owner, 0)
+            self._create_empty()
+        return claim_on_delta(self._claimable, f"Delta table {self.path}", link, owner, takeover)
+
+    def _owner(self) -> str:
+        """The query that owns the checkpoint: the owner a new table records for generation 0."""
+        from lastagent.checkpoint import query_id
+
+        if self.checkpoint_location is None:
+            raise ArbitrationError(f"cannot create Delta table {self.path} without the query's checkpointLocation")
+        return query_id(self.checkpoint_location)
+
+    def _claimable(self) -> Any:
+        table = self.table()
+        if table is None:
+            raise ArbitrationError(f"Delta table {self.path} disappeared while claiming its link")
+        return table
+
+    def _create_empty(self) -> None:
+        from deltalake import Schema
+        from deltalake.transaction import create_table_with_add_actions
+
+        try:
+            create_table_with_add_actions(self.path, Schema.from_json(self.fallback_schema_json), [], mode="ignore",
+                                          partition_by=list(self.partition_by) or None)
+        except Exception as exc:  # noqa: BLE001 — a concurrent creator may have won; table() decides below
+            log.info("creating Delta table %s: %s", self.path, exc)
+
+    def ownership(self, link: str) -> Ownership | None:
+        table = self.table()
+        return None if table is None else delta_ownership(table, link)
+
+    def decide(self, record: ArbitrationRecord, generation: int, staged: StagedEpoch | None = None) -> Decision:
         """Commits the epoch's files, txn and record in one Delta commit, unless already decided.
 
         Raises:
             SchemaMismatchError: the rows do not fit the table (nothing committed).
+            StaleOwnerError: ``generation`` is no longer the link's (nothing committed).
             ArbitrationError: the table cannot be read or written (nothing decided by this call).
         """
         from deltalake import Schema
@@ -155,8 +202,14 @@ class TargetTableStore:
         props = CommitProperties(custom_metadata=metadata, app_transactions=[
             Transaction(app_id=record.link, version=record.epoch, last_updated=record.decided_at_ms)])
         adds = delta_files.add_actions(list(staged.adds))
+        from lastagent.arbitration import owner_keys
+
         for _ in range(10):
             table = self.table()
+            current = None if table is None else delta_ownership(table, record.link)
+            if (current is None and generation != 0) or (current is not None and current.generation != generation):
+                self.discard(staged)
+                raise stale(record.link, generation, current)
             if table is not None:
                 decided = table.transaction_version(record.link)
                 if decided is not None and decided >= record.epoch:
@@ -175,8 +228,11 @@ class TargetTableStore:
                                 f"cannot create Delta table {self.path}: the transformer produced no row yet, so "
                                 "its schema is unknown; create the table first or let the first batch have rows")
                         return Decision(record, won=True)  # nothing written, nothing to decide
+                    # The first run's generation 0 is recorded with the table it creates.
+                    owner_key, gen_key = owner_keys(record.link)
                     create_table_with_add_actions(self.path, Schema.from_json(schema_json), adds, mode="error",
                                                   partition_by=list(self.partition_by) or None,
+                                                  configuration={owner_key: self._owner(), gen_key: "0"},
                                                   commit_properties=props)
                 else:
                     schema = self._fit(table, staged)
@@ -236,8 +292,7 @@ class TargetTableStore:
         """
         if self.dead_letter_table is None:
             return 0
-        commit = next((c for c in self._commits() if c["lastagent.link"] == link
-                       and int(c["lastagent.epoch"]) == epoch), None)
+        commit = self._commit_of(link, epoch)
         adds = json.loads(commit.get("lastagent.dead_letter_adds", "[]")) if commit else []
         if not adds:
             return 0
@@ -281,11 +336,45 @@ class TargetTableStore:
 
     # -- reading records --------------------------------------------------------------------
 
-    def _commits(self, table: Any = None) -> list[dict[str, Any]]:
+    def _commits(self, table: Any = None, link: str | None = None, epoch: int | None = None) -> list[dict[str, Any]]:
+        """The lastagent commits of the table's recent history, newest first.
+
+        With ``link`` and ``epoch``, the look widens until it holds that epoch's commit or reaches
+        the oldest commit the log still keeps: a busy table (or OPTIMIZE runs) never pushes a
+        record out of sight.
+        """
         table = table or self.table()
         if table is None:
             return []
-        return [c for c in table.history(HISTORY_LIMIT) if "lastagent.link" in c]
+        limit = HISTORY_FIRST_LOOK
+        while True:
+            history = table.history(limit)
+            found = [c for c in history if "lastagent.link" in c]
+            if epoch is None or len(history) < limit or any(
+                    c["lastagent.link"] == link and int(c["lastagent.epoch"]) == epoch for c in found):
+                return found
+            limit *= 4
+
+    def _commit_of(self, link: str, epoch: int, table: Any = None) -> dict[str, Any] | None:
+        """The commit that decided ``epoch``, or None when it was not decided.
+
+        Raises:
+            ArbitrationError: the table's ``txn`` says the epoch is the link's newest decision but
+                its commit is no longer in the log (cleaned up): its record cannot be read, so
+                nothing may be inferred from it.
+        """
+        table = table or self.table()
+        if table is None:
+            return None
+        commit = next((c for c in self._commits(table, link, epoch)
+                       if c["lastagent.link"] == link and int(c["lastagent.epoch"]) == epoch), None)
+        if commit is None and table.transaction_version(link) == epoch:
+            raise ArbitrationError(
+                f"link {link!r}: epoch {epoch} is the newest decided epoch of Delta table {self.path}, but its commit "
+                "(the arbitration record) is no longer in the table's log, so its Kafka branches cannot be told "
+                "apart; nothing was changed. Keep the log longer (delta.logRetentionDuration) and decide the "
+                "link's open branches by hand with `lastagent recover`")
+        return commit
 
     @staticmethod
     def _record(c: dict[str, Any]) -> ArbitrationRecord:
@@ -294,7 +383,14 @@ class TargetTableStore:
                                  int(c.get("lastagent.confirmed_through", -1)))
 
     def records(self, link: str) -> list[ArbitrationRecord]:
-        return sorted((self._record(c) for c in self._commits() if c["lastagent.link"] == link),
+        """The link's decisions in recent history, always including the newest one (or an error)."""
+        table = self.table()
+        if table is None:
+            return []
+        latest = table.transaction_version(link)
+        if latest is not None:
+            self._commit_of(link, latest, table)  # fails closed when the newest record is gone
+        return sorted((self._record(c) for c in self._commits(table, link, latest) if c["lastagent.link"] == link),
                       key=lambda r: r.epoch)
 
     def attempts(self, link: str) -> dict[int, set[tuple[int, int]]]:
@@ -303,10 +399,8 @@ class TargetTableStore:
                 for c in self._commits() if c["lastagent.link"] == link}
 
     def get(self, link: str, epoch: int, table: Any = None) -> ArbitrationRecord | None:
-        for c in self._commits(table):
-            if c["lastagent.link"] == link and int(c["lastagent.epoch"]) == epoch:
-                return self._record(c)
-        return None
+        commit = self._commit_of(link, epoch, table)
+        return None if commit is None else self._record(commit)
 
     def latest_epoch(self, link: str) -> int | None:
         table = self.table()
@@ -320,9 +414,9 @@ class TargetTableStore:
         """Fails when a restarted query's link has no commits but another link's are there (renamed)."""
         if self.checkpoint_location is None or self.latest_epoch(link) is not None:
             return
-        from lastagent.committer import spark_committed_through
+        from lastagent.checkpoint import committed_through
 
-        if spark_committed_through(self.checkpoint_location) < 0:
+        if committed_through(self.checkpoint_location) < 0:
             return  # a new query: a table shared with other links is fine
         others = sorted({c["lastagent.link"] for c in self._commits()})
         if others:

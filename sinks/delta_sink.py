@@ -1,9 +1,11 @@
 """The ``lastagent-delta`` streaming sink: a Delta table as the last agent, with Kafka side outputs.
 
-* ``__init__`` runs on the driver at query start (and again, without recovery, for each
-  epoch's commit): it reads the table's schema, checks the query against it, finishes what a
-  crash left (Kafka side-output branches of decided epochs committed, the rest rolled back) and
-  deletes data files no decision references.
+* ``__init__`` runs on the driver at query start and again for each epoch's commit: it only
+  parses the options. Query start is the first pickling of the writer (pyspark ships it to the
+  tasks; see :mod:`lastagent.sinks.kafka_sink`): it reads the table's schema, checks the query
+  against it, claims the link's next generation, finishes what a crash left (Kafka side-output
+  branches of decided epochs committed, the rest rolled back) and deletes data files no
+  decision references.
 * ``write`` runs on executors, one task attempt at a time: headers filter, transformer, cast to
   the table's schema, parquet files under the table root (not yet visible), side-topic and
   dead-letter records in a Kafka branch flushed and left open (prepared). The commit message
@@ -30,7 +32,7 @@ from lastagent.sinks import dead_letters, transformer
 from lastagent.sinks.delta_commit import StagedEpoch, TargetTableStore, schema_diff, schema_error
 from lastagent.sinks.delta_files import FileWriter, delta_arrow_schema
 from lastagent.sinks.delta_sink_options import DeltaSinkOptions
-from lastagent.sinks.kafka_sink import BATCH_ID_PROPERTY, building_for_commit
+from lastagent.sinks.kafka_sink import Started, generation_of, require_started, task_epoch
 
 log = logging.getLogger("lastagent.delta")
 
@@ -40,6 +42,7 @@ class DeltaMessage(WriterCommitMessage):
     """A task's commit message: its data files (add actions, JSON) and its Kafka branch handle."""
 
     epoch: int
+    generation: int
     partition: int
     attempt: int
     adds: tuple[str, ...]
@@ -62,9 +65,9 @@ class _Outputs:
     #: Dead-letter table rows buffered before they are written to a file (bounded memory).
     TABLE_CHUNK = 1000
 
-    def __init__(self, options: DeltaSinkOptions, epoch: int, partition: int, attempt: int) -> None:
+    def __init__(self, options: DeltaSinkOptions, epoch: int, generation: int, partition: int, attempt: int) -> None:
         self.options, self.epoch = options, epoch
-        self.tid = options.transactional_id(partition, attempt)
+        self.tid = options.transactional_id(generation, partition, attempt)
         self.branch: BranchWriter | None = None
         self.dead = 0
         self.table_files = (FileWriter(options.dead_letter_table, options.link, epoch, partition, attempt)
@@ -163,18 +166,25 @@ class DeltaStreamWriter(DataSourceStreamArrowWriter):
     """
 
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
-        from lastagent.committer import Committer
-
         self.options = DeltaSinkOptions.parse(options)
         self.query_schema_json = schema.json()
         self.table_schema_json: str | None = None
         # An existing table's partition columns win; the option only shapes a table we create.
         self.partition_by: tuple[str, ...] = self.options.partition_by
-        self.decided_through = -1
+        self.started: Started | None = None
         if self.options.transformer:
             transformer.load(self.options.transformer)  # fail at start, naming the option
-        if building_for_commit():
-            return
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Driver, at query start: pyspark pickles the writer to ship it to the tasks."""
+        if self.started is None:
+            self.started = self.start()
+        return self.__dict__
+
+    def start(self) -> Started:
+        """Checks the table, claims the link and recovers what earlier runs left. Driver, once per run."""
+        from lastagent.committer import Committer
+
         store = self._store()
         table = store.table()
         if table is not None:
@@ -191,11 +201,12 @@ class DeltaStreamWriter(DataSourceStreamArrowWriter):
                 if problems:
                     raise schema_error(self.options.path, problems)
         with Committer(self.options, store=store) as committer:
-            self.decided_through = committer.start()
-        if self.decided_through >= 0:
+            ownership, decided_through = committer.start()
+        if decided_through >= 0:
             # Only the newest decided epoch can miss its dead-letter commit (epochs run one by one).
-            store.complete_dead_letters(self.options.link, self.decided_through)
-        store.sweep(self.options.link, self.decided_through)
+            store.complete_dead_letters(self.options.link, decided_through)
+        store.sweep(self.options.link, decided_through)
+        return Started(ownership.generation, decided_through)
 
     def _store(self) -> TargetTableStore:
         return TargetTableStore(self.options.path, self.options.partition_by, self.options.merge_schema,
@@ -207,13 +218,14 @@ class DeltaStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[Any]) -> DeltaMessage:
         from pyspark import TaskContext
 
+        started = require_started(self.started)
         ctx = TaskContext.get()
-        epoch = int(ctx.getLocalProperty(BATCH_ID_PROPERTY) or -1)
+        epoch = task_epoch(ctx)
         partition, attempt = ctx.partitionId(), ctx.attemptNumber()
-        if 0 <= epoch <= self.decided_through:
+        if epoch <= started.decided_through:
             for _ in iterator:  # the epoch's decision stands: write nothing
                 pass
-            return DeltaMessage(epoch, partition, attempt, (), None, None)
+            return DeltaMessage(epoch, started.generation, partition, attempt, (), None, None)
         opts = self.options
         faults.point("before_files")
         fn = transformer.load(opts.transformer) if opts.transformer else None
@@ -223,7 +235,7 @@ class DeltaStreamWriter(DataSourceStreamArrowWriter):
 
             target = delta_arrow_schema(pa.schema(Schema.from_json(self.table_schema_json).to_arrow()))
         files = FileWriter(opts.path, opts.link, epoch, partition, attempt, self.partition_by, opts.target_file_bytes)
-        outputs = _Outputs(opts, epoch, partition, attempt)
+        outputs = _Outputs(opts, epoch, started.generation, partition, attempt)
         try:
             for batch in iterator:
                 batch = dead_letters.filter_headers(batch, opts.keep_headers, opts.drop_headers)
@@ -257,7 +269,8 @@ class DeltaStreamWriter(DataSourceStreamArrowWriter):
             raise
         faults.point("after_files")
         schema_json = _delta_schema_json(files.schema) if files.schema is not None else None
-        return DeltaMessage(epoch, partition, attempt, tuple(json.dumps(a) for a in adds), schema_json,
+        return DeltaMessage(epoch, started.generation, partition, attempt, tuple(json.dumps(a) for a in adds),
+                            schema_json,
                             None if handle is None else handle.to_json(), files.rows, outputs.dead,
                             tuple(json.dumps(a) for a in table_adds))
 
@@ -267,10 +280,14 @@ class DeltaStreamWriter(DataSourceStreamArrowWriter):
         from lastagent.committer import Committer
 
         msgs = [m for m in messages if isinstance(m, DeltaMessage)]
+        generation = generation_of(msgs, batchId)
+        if generation is None:
+            log.info("link %s epoch %d: no task reported; nothing to decide", self.options.link, batchId)
+            return
         staged = self._staged(msgs)
         store = self._store()
         with Committer(self.options, store=store) as committer:
-            committer.commit(batchId, _handles(msgs), data=staged)
+            committer.commit(batchId, generation, _handles(msgs), data=staged)
         faults.point("before_dead_letter_table")
         store.complete_dead_letters(self.options.link, batchId)
         if any(m.attempt > 0 for m in msgs):
@@ -287,7 +304,7 @@ class DeltaStreamWriter(DataSourceStreamArrowWriter):
         msgs = [m for m in messages if isinstance(m, DeltaMessage)]
         store = self._store()
         with Committer(self.options, store=store) as committer:
-            committer.abort(batchId, _handles(msgs))
+            committer.abort(batchId, generation_of(msgs, batchId), _handles(msgs))
         if store.get(self.options.link, batchId) is None:
             store.discard(self._staged(msgs, check=False))
 

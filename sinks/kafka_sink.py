@@ -1,20 +1,25 @@
 """The exactly-once ``lastagent-kafka`` streaming sink: Spark's writer, on both sides.
 
 * ``__init__`` runs on the driver when the query starts, and again (pyspark builds a fresh
-  writer) for each epoch's commit / abort. At query start only, it finishes what a crash
-  left: open branches of decided epochs are committed and every other open branch of the
-  link is rolled back, before any task can reuse their transactional ids.
+  writer from the same options) for each epoch's commit / abort. It only parses and checks:
+  it cannot know which of the two it is, so it changes nothing.
+* Query start is told apart positively: pyspark pickles the writer only to ship it to the
+  tasks (:func:`started`). Before the first pickle, the driver claims the link's next
+  generation and finishes what a crash left: open branches of decided epochs are committed,
+  every other open branch of earlier generations is rolled back. The pickled writer carries
+  the generation, so no task can run without that recovery, and its commit messages prove
+  which run they belong to.
 * ``write`` runs on executors, one Spark task attempt = one branch: a Kafka transaction
-  with a bounded transactional.id, flushed and left open (prepared). Its handle is the
-  commit message.
-* ``commit`` / ``abort`` run on the driver and hand the epoch to :mod:`lastagent.committer`.
+  with a transactional.id named by link, generation, partition and attempt, flushed and left
+  open (prepared). Its handle is the commit message.
+* ``commit`` / ``abort`` run on the driver and hand the epoch to :mod:`lastagent.committer`,
+  with the generation the tasks reported; the decision is refused if a newer run owns the link.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +27,7 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 from pyspark.sql.types import StructType
 
 from lastagent import faults
+from lastagent.errors import LastAgentError
 from lastagent.kafka_xa import BranchHandle, BranchWriter
 from lastagent.sinks.kafka_rows import check_schema, records, simple_columns
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
@@ -36,13 +42,60 @@ class BranchMessage(WriterCommitMessage):
     """A task's commit message: which epoch and attempt, and its branch handle (JSON).
 
     ``handle`` is None when the task wrote nothing because its epoch was already decided.
+    ``generation`` is the run's, claimed at query start: the driver decides only for it.
     """
 
     epoch: int
+    generation: int
     partition: int
     attempt: int
     handle: str | None
     records: int = 0
+
+
+@dataclass(frozen=True)
+class Started:
+    """What query start learned, shipped to every task inside the pickled writer.
+
+    Attributes:
+        generation: the run's generation of the link (names its transactional ids).
+        decided_through: the link's newest decided epoch at start (-1 for none); a re-run task
+            of an epoch at or below it writes nothing.
+    """
+
+    generation: int
+    decided_through: int
+
+
+class NotStartedError(LastAgentError):
+    """A task got a writer whose query start (claim and recovery) never ran: nothing is written."""
+
+
+def task_epoch(ctx: Any) -> int:
+    """The epoch (Spark's batch id) of the running task. Executor.
+
+    Raises:
+        LastAgentError: Spark did not set the batch id on the task; without it the task cannot
+            tell a re-run of a decided epoch from a new one, so it writes nothing.
+    """
+    raw = ctx.getLocalProperty(BATCH_ID_PROPERTY)
+    if raw is None or not str(raw).isdigit():
+        raise LastAgentError(f"the task has no micro-batch id (Spark's local property {BATCH_ID_PROPERTY!r} is "
+                             f"{raw!r}); lastagent sinks run only as Structured Streaming sinks in micro-batch mode")
+    return int(raw)
+
+
+def generation_of(messages: Sequence[Any], epoch: int) -> int | None:
+    """The one generation the epoch's commit messages carry; None when there are none. Driver.
+
+    Raises:
+        LastAgentError: the messages disagree (tasks of two runs in one epoch): nothing is decided.
+    """
+    generations = {m.generation for m in messages}
+    if len(generations) > 1:
+        raise LastAgentError(f"epoch {epoch}: commit messages of generations {sorted(generations)} in one epoch; "
+                             "nothing was decided")
+    return next(iter(generations), None)
 
 
 class KafkaStreamWriter(DataSourceStreamArrowWriter):
@@ -54,34 +107,40 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
     """
 
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
-        from lastagent.committer import Committer
-
         self.options = KafkaSinkOptions.parse(options)
         self.columns = check_schema(schema, self.options.topic)
-        self.decided_through = -1
-        if building_for_commit():
-            # The epoch's branches are prepared and open right now: recovery must not touch them.
-            return
+        self.started: Started | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Driver, at query start: pyspark pickles the writer to ship it to the tasks."""
+        if self.started is None:
+            self.started = self.start()
+        return self.__dict__
+
+    def start(self) -> Started:
+        """Claims the link's next generation and recovers what earlier runs left. Driver, once per run."""
+        from lastagent.committer import Committer
+
         with Committer(self.options) as committer:
-            # Driver, at query start: finish decided epochs, roll back the rest; learn the newest
-            # decided epoch so re-run tasks of it write nothing.
-            self.decided_through = committer.start()
+            ownership, decided_through = committer.start()
+        return Started(ownership.generation, decided_through)
 
     # -- executor ---------------------------------------------------------------------------
 
     def write(self, iterator: Iterator[Any]) -> BranchMessage:
         from pyspark import TaskContext
 
+        started = require_started(self.started)
         ctx = TaskContext.get()
-        epoch = int(ctx.getLocalProperty(BATCH_ID_PROPERTY) or -1)
+        epoch = task_epoch(ctx)
         partition, attempt = ctx.partitionId(), ctx.attemptNumber()
-        if 0 <= epoch <= self.decided_through:
+        if epoch <= started.decided_through:
             # Spark re-runs an epoch whose decision stands (crash after the arbitration commit,
             # before Spark's commit log): its branches exist already; write nothing.
             for _ in iterator:
                 pass
-            return BranchMessage(epoch, partition, attempt, None)
-        tid = self.options.transactional_id(partition, attempt)
+            return BranchMessage(epoch, started.generation, partition, attempt, None)
+        tid = self.options.transactional_id(started.generation, partition, attempt)
         writer = BranchWriter(self.options.client_config, tid, self.options.transaction_timeout_ms)
         try:
             cols, topic = self.columns, self.options.topic
@@ -104,38 +163,45 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
                 log.warning("branch %s: local abort after a failed write also failed: %s", tid, exc)
             raise
         faults.point("after_prepare")
-        return BranchMessage(epoch, partition, attempt, handle.to_json(), handle.records)
+        return BranchMessage(epoch, started.generation, partition, attempt, handle.to_json(), handle.records)
 
     # -- driver -----------------------------------------------------------------------------
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        """Driver, once per epoch: decide, then phase 2 (:meth:`Committer.commit`)."""
         from lastagent.committer import Committer
 
+        msgs = [m for m in messages if isinstance(m, BranchMessage)]
+        generation = generation_of(msgs, batchId)
+        if generation is None:
+            # No task ran: nothing was prepared, so there is nothing to decide (and no sign of
+            # which run this is, so nothing else of the link is touched).
+            log.info("link %s epoch %d: no task reported; nothing to decide", self.options.link, batchId)
+            return
         with Committer(self.options) as committer:
-            committer.commit(batchId, _handles(messages))
+            committer.commit(batchId, generation, _handles(msgs))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        """Driver: Spark gave up on the epoch (:meth:`Committer.abort`)."""
         from lastagent.committer import Committer
 
+        msgs = [m for m in messages if isinstance(m, BranchMessage)]
         with Committer(self.options) as committer:
-            committer.abort(batchId, _handles(messages))
+            committer.abort(batchId, generation_of(msgs, batchId), _handles(msgs))
 
 
-#: pyspark's worker module that builds a fresh writer (through ``streamWriter``) to run each
-#: epoch's ``commit`` / ``abort``; tests/unit check that the pinned pyspark still has it.
-COMMIT_RUNNER = "pyspark.sql.worker.python_streaming_sink_runner"
+def require_started(started: Started | None) -> Started:
+    """The query start a task depends on. Executor.
+
+    Raises:
+        NotStartedError: the writer reached a task without having been pickled at query start
+            (never the case under Spark's runner); without the claim and recovery nothing is safe to write.
+    """
+    if started is None:
+        raise NotStartedError("this writer reached a task without the query-start claim and recovery of its link; "
+                              "lastagent sinks must be started with writeStream...start()")
+    return started
 
 
-def building_for_commit() -> bool:
-    """True when Spark builds this writer to run commit/abort, not to start the query."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_globals.get("__name__") == COMMIT_RUNNER:
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _handles(messages: list[WriterCommitMessage | None]) -> list[BranchHandle]:
-    return [BranchHandle.from_json(m.handle) for m in messages
-            if isinstance(m, BranchMessage) and m.handle is not None]
+def _handles(messages: list[BranchMessage]) -> list[BranchHandle]:
+    return [BranchHandle.from_json(m.handle) for m in messages if m.handle is not None]

@@ -50,23 +50,24 @@ def test_prepared_branches_survive_a_broker_kill(own_broker, tmp_path):
                                       "arbitrationTable": str(tmp_path / "arb"), "checkpointLocation": "-"})
     handles = []
     for branch in range(3):
-        w = BranchWriter(options.client_config, options.transactional_id(branch, 0), options.transaction_timeout_ms)
+        w = BranchWriter(options.client_config, options.transactional_id(1, branch, 0), options.transaction_timeout_ms)
         for i in range(20):
             w.send(topic, f"{branch}-{i}".encode(), partition=i % 2)
         handles.append(w.prepare())
 
     kafka_broker.kill(port, workdir)  # mid-epoch: prepared, not decided
     store = InMemoryArbitrationStore()
+    store.claim("restart", "q")
     with Committer(options, store=store) as committer:
         committer.xa._end_deadline_s = 5  # noqa: SLF001 — fail fast while the broker is down
         with pytest.raises(KafkaProtocolError):
-            committer.commit(0, handles)  # decided (the store is up) but phase 2 cannot reach Kafka
+            committer.commit(0, 1, handles)  # decided (the store is up) but phase 2 cannot reach Kafka
     assert store.get("restart", 0) is not None
 
     kafka_broker.up(port, workdir)
     _wait_for_broker(bootstrap)
     with Committer(options, store=store) as committer:
-        committer.start()  # recovery commits the decided epoch's open branches
+        committer.start(owner="q")  # recovery commits the decided epoch's open branches
         assert committer.in_doubt() == []
     values = sorted(v for _, v in read_committed(bootstrap, topic, 60))
     assert values == sorted(f"{b}-{i}".encode() for b in range(3) for i in range(20))

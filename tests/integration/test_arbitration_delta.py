@@ -17,13 +17,15 @@ def _rec(epoch: int, branch: str, link: str = "orders", confirmed: int = -1) -> 
 
 @pytest.fixture(params=["delta", "memory"])
 def store(request, tmp_path):
-    return DeltaArbitrationStore(str(tmp_path / "arb")) if request.param == "delta" else InMemoryArbitrationStore()
+    store = DeltaArbitrationStore(str(tmp_path / "arb")) if request.param == "delta" else InMemoryArbitrationStore()
+    store.claim("orders", "q")
+    return store
 
 
 def test_decide_once_then_follow(store):
-    first = store.decide(_rec(0, "a"))
+    first = store.decide(_rec(0, "a"), 1)
     assert first.won
-    again = store.decide(_rec(0, "b"))
+    again = store.decide(_rec(0, "b"), 1)
     assert not again.won and again.record.branches == ("a",)
     assert store.get("orders", 0).branches == ("a",)
     assert store.get("orders", 1) is None
@@ -37,7 +39,7 @@ def test_racing_deciders_exactly_one_wins(store):
 
         def decide(name: str) -> None:
             barrier.wait()
-            results[name] = store.decide(_rec(epoch, name))
+            results[name] = store.decide(_rec(epoch, name), 1)
 
         threads = [threading.Thread(target=decide, args=(n,)) for n in ("x", "y")]
         for t in threads:
@@ -52,18 +54,19 @@ def test_racing_deciders_exactly_one_wins(store):
 
 def test_cleanup_keeps_unconfirmed_and_retained(store):
     for epoch in range(6):
-        store.decide(_rec(epoch, f"b{epoch}", confirmed=epoch - 1))
+        store.decide(_rec(epoch, f"b{epoch}", confirmed=epoch - 1), 1)
     # confirmed through 4, keep 2 more: epochs 0..2 go.
     assert store.cleanup("orders", retain_epochs=2) == 3
     assert [r.epoch for r in store.records("orders")] == [3, 4, 5]
     # A cleaned-up epoch stays decided: re-deciding it is refused loudly, never re-recorded.
     with pytest.raises(ArbitrationError, match="epoch 1 is decided"):
-        store.decide(_rec(1, "late"))
+        store.decide(_rec(1, "late"), 1)
 
 
 def test_link_name_is_remembered(tmp_path):
     store = DeltaArbitrationStore(str(tmp_path / "arb"))
-    store.decide(_rec(0, "a", link="orders"))
+    store.claim("orders", "q")
+    store.decide(_rec(0, "a", link="orders"), 1)
     store.check_link("orders")
     with pytest.raises(LinkMismatchError, match="option 'link'.*orders"):
         store.check_link("orders-v2")
@@ -71,10 +74,11 @@ def test_link_name_is_remembered(tmp_path):
 
 def test_spark_reads_the_arbitration_table(spark, tmp_path):
     store = DeltaArbitrationStore(str(tmp_path / "arb"))
+    store.claim("orders", "q")
     for epoch in range(3):
-        store.decide(_rec(epoch, f'{{"tid":"orders-0-{epoch}"}}', confirmed=epoch - 1))
+        store.decide(_rec(epoch, f'{{"tid":"orders-0-{epoch}"}}', confirmed=epoch - 1), 1)
     rows = spark.read.format("delta").load(store.path).orderBy("epoch").collect()
     assert [(r.link, r.epoch, r.gxid) for r in rows] == [("orders", e, f"gxid-orders-{e}") for e in range(3)]
     assert rows[2].confirmed_through == 1
     history = spark.sql(f"DESCRIBE HISTORY delta.`{store.path}`").collect()
-    assert len(history) == 4  # the empty table, then one commit per decision
+    assert len(history) == 5  # the empty table, the owner's claim, then one commit per decision

@@ -27,18 +27,20 @@ def test_status_and_recover(kafka_bootstrap, new_topic, tmp_path):
     common = ["--link", link, "--arbitration-table", arb, "--bootstrap-servers", kafka_bootstrap]
     handles = []
     for branch in range(3):
-        w = BranchWriter({"bootstrap.servers": kafka_bootstrap}, f"lastagent-{link}-{branch}-0", 600_000)
+        w = BranchWriter({"bootstrap.servers": kafka_bootstrap}, f"lastagent-{link}-1-{branch}-0", 600_000)
         w.send(topic, f"b{branch}".encode())
         handles.append(w.prepare())
     # Epoch 0 decided with branches 0 and 1; branch 2 belongs to no decision.
-    DeltaArbitrationStore(arb).decide(ArbitrationRecord(link, 0, f"{link}:0", tuple(h.to_json() for h in handles[:2])))
+    store = DeltaArbitrationStore(arb)
+    store.decide(ArbitrationRecord(link, 0, f"{link}:0", tuple(h.to_json() for h in handles[:2])),
+                 store.claim(link, "q").generation)
 
     status = lastagent("status", *common, "--json")
     assert status.returncode == 1, status.stderr
     doc = json.loads(status.stdout)
     assert doc["latest_decided_epoch"] == 0 and doc["arbitration_rows"] == 1
     assert {b["transactional_id"]: b["decision"] for b in doc["in_doubt"]} == {
-        f"lastagent-{link}-0-0": "commit", f"lastagent-{link}-1-0": "commit", f"lastagent-{link}-2-0": "rollback"}
+        f"lastagent-{link}-1-0-0": "commit", f"lastagent-{link}-1-1-0": "commit", f"lastagent-{link}-1-2-0": "rollback"}
 
     text = lastagent("recover", *common)
     assert text.returncode == 1 and "-> commit (epoch 0 is decided)" in text.stdout
@@ -66,10 +68,12 @@ def test_expired_decided_branch_is_reported_by_epoch_and_branch(kafka_bootstrap,
     topic = new_topic()
     link = f"cli-{uuid.uuid4().hex[:8]}"
     arb = str(tmp_path / "arb")
-    w = BranchWriter({"bootstrap.servers": kafka_bootstrap}, f"lastagent-{link}-0-0", 1000)
+    w = BranchWriter({"bootstrap.servers": kafka_bootstrap}, f"lastagent-{link}-1-0-0", 1000)
     w.send(topic, b"lost")
     handle = w.prepare()
-    DeltaArbitrationStore(arb).decide(ArbitrationRecord(link, 4, f"{link}:4", (handle.to_json(),), confirmed_through=3))
+    store = DeltaArbitrationStore(arb)
+    store.decide(ArbitrationRecord(link, 4, f"{link}:4", (handle.to_json(),), confirmed_through=3),
+                 store.claim(link, "q").generation)
     with KafkaXAResource({"bootstrap.servers": kafka_bootstrap}) as xa:
         deadline = time.monotonic() + 60
         while xa.recover(handle.transactional_id) and time.monotonic() < deadline:

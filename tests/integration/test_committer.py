@@ -26,15 +26,16 @@ def options(kafka_bootstrap, tmp_path):
 def _branches(options, topic, n, timeout_ms=600_000, attempt=0):
     handles = []
     for p in range(n):
-        w = BranchWriter(options.client_config, options.transactional_id(p, attempt), timeout_ms)
+        w = BranchWriter(options.client_config, options.transactional_id(1, p, attempt), timeout_ms)
         w.send(topic, f"{p}-{attempt}".encode())
         handles.append(w.prepare())
     return handles
 
 
 def _decide_only(committer, epoch, handles):
+    owner = committer.store.ownership(committer.link) or committer.store.claim(committer.link, "q")
     committer.store.decide(ArbitrationRecord(committer.link, epoch, f"{committer.link}:{epoch}",
-                                             tuple(h.to_json() for h in handles)))
+                                             tuple(h.to_json() for h in handles)), owner.generation)
 
 
 def test_commit_decides_commits_and_rolls_back_superseded(options, kafka_bootstrap, new_topic):
@@ -42,7 +43,8 @@ def test_commit_decides_commits_and_rolls_back_superseded(options, kafka_bootstr
     stale = _branches(options, topic, 1, attempt=1)  # a failed attempt's branch, never reported
     live = _branches(options, topic, 2)
     with Committer(options) as c:
-        record = c.commit(0, live)
+        c.store.claim(c.link, "q")
+        record = c.commit(0, 1, live)
         assert len(record.branches) == 2
         assert c.in_doubt() == []
     assert sorted(v for _, v in read_committed(kafka_bootstrap, topic, 2)) == [b"0-0", b"1-0"]
@@ -53,7 +55,7 @@ def test_start_completes_a_decided_epoch_missing_from_spark_commit_log(options, 
     topic = new_topic()
     with Committer(options) as c:
         _decide_only(c, 0, _branches(options, topic, 3))  # crash after the arbitration commit
-        assert c.start() == 0
+        assert c.start(owner="q")[1] == 0
         assert c.in_doubt() == []
     assert len(read_committed(kafka_bootstrap, topic, 3)) == 3
 
@@ -75,7 +77,7 @@ def test_start_rolls_back_undecided_branches_and_leaves_other_links_alone(option
         undecided = _branches(options, topic, 2)
         assert {t.transactional_id for t, d, _ in c.in_doubt() if d == "rollback"} == {
             h.transactional_id for h in undecided}
-        assert c.start() == 0
+        assert c.start(owner="q")[1] == 0
         assert c.in_doubt() == []
     with Committer(neighbour) as n:
         assert [t.transactional_id for t, _, _ in n.in_doubt()] == [theirs[0].transactional_id]
@@ -88,9 +90,9 @@ def test_abort_after_decision_completes_it_and_abort_before_rolls_back(options, 
     with Committer(options) as c:
         decided = _branches(options, topic, 2)
         _decide_only(c, 0, decided)
-        c.abort(0, decided)  # the record stands
+        c.abort(0, 1, decided)  # the record stands
         undecided = _branches(options, topic, 2, attempt=1)
-        c.abort(1, undecided[:1])  # presumed abort: the reported and the unreported branch
+        c.abort(1, 1, undecided[:1])  # presumed abort: the reported and the unreported branch
         assert c.in_doubt() == []
     assert sorted(v for _, v in read_committed(kafka_bootstrap, topic, 2)) == [b"0-0", b"1-0"]
 
@@ -104,6 +106,6 @@ def test_expired_decided_branch_fails_loudly_naming_link_epoch_branch(options, n
         while c.xa.recover(options.id_prefix) and time.monotonic() < deadline:
             time.sleep(0.5)  # the broker expires it
         with pytest.raises(DecidedBranchLostError) as err:
-            c.start()
+            c.start(owner="q")
     message = str(err.value)
     assert f"link {options.link!r} epoch 4" in message and handles[0].transactional_id in message

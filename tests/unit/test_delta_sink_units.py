@@ -31,7 +31,7 @@ def test_side_outputs_need_bootstrap_servers():
     o = DeltaSinkOptions.parse({**BASE, "deadLetterTopic": "dlq", "kafka.bootstrap.servers": "h:1",
                                 "sideTopics": "a, b"})
     assert o.has_kafka and o.side_topics == ("a", "b") and o.client_config == {"bootstrap.servers": "h:1"}
-    assert o.transactional_id(0, 0).startswith(o.id_prefix)
+    assert o.transactional_id(1, 0, 0).startswith(o.id_prefix)
 
 
 @pytest.mark.parametrize("missing", ["path", "link", "checkpointLocation"])

@@ -21,8 +21,8 @@ def test_parse_defaults_and_passthrough():
     o = KafkaSinkOptions.parse({**BASE, "kafka.linger.ms": "20", "topic": "out"})
     assert o.client_config == {"bootstrap.servers": "h:9092", "linger.ms": "20"}
     assert o.topic == "out" and o.transaction_timeout_ms == 900_000
-    assert o.transactional_id(3, 1).startswith(o.id_prefix)
-    assert o.transactional_id(3, 1) != o.transactional_id(3, 0) != o.transactional_id(2, 0)
+    assert o.transactional_id(1, 3, 1).startswith(o.id_prefix)
+    assert o.transactional_id(1, 3, 1) != o.transactional_id(1, 3, 0) != o.transactional_id(1, 2, 0) != o.transactional_id(2, 3, 1)
 
 
 def test_option_names_are_case_insensitive_like_spark():
@@ -85,14 +85,3 @@ def test_null_topic_row_is_refused_by_row_number():
     batch = pa.record_batch({"value": ["v"], "topic": pa.array([None], pa.string())})
     with pytest.raises(SchemaError, match="row 0 .* null 'topic'"):
         list(records(batch, None))
-
-
-def test_pinned_pyspark_still_builds_commit_writers_in_the_module_the_sink_recognises():
-    """Recovery at start must never run in the writer pyspark builds for commit (branches are open)."""
-    import importlib
-
-    from lastagent.sinks import kafka_sink
-
-    runner = importlib.import_module(kafka_sink.COMMIT_RUNNER)
-    assert "streamWriter(" in open(runner.__file__).read()
-    assert not kafka_sink.building_for_commit()

@@ -274,7 +274,7 @@ def run_task(w: World, rules: Rules, epoch: int, task: int, attempt: int, newest
              fault: str | None) -> Branch | None:
     if rules.skip_task(epoch, newest):
         return None  # read-only: the decided epoch's records are in its recorded branches
-    tid = xid.transactional_id(LINK, task, attempt)
+    tid = xid.transactional_id(LINK, 1, task, attempt)
     w.step(f"e{epoch} t{task}.{attempt} init")
     b = w.broker.init_producer(tid)
     for i in range(RECORDS):
@@ -469,7 +469,7 @@ def test_the_lost_result_branch_is_rolled_back_not_committed():
     assert out.violations == []
     w = out.world
     stale = [br for br, committed in w.broker.ended.items() if w.broker.txn_epoch[br] == 1 and not committed]
-    assert [s.transactional_id for s in stale] == [xid.transactional_id(LINK, 2, 0)]
+    assert [s.transactional_id for s in stale] == [xid.transactional_id(LINK, 1, 2, 0)]
 
 
 # -- the decided-but-expired hazard ------------------------------------------------------------------
@@ -563,7 +563,7 @@ def test_a_silent_expired_branch_is_caught():
 
 
 def _b(i: int, epoch: int = 0) -> Branch:
-    return Branch(xid.transactional_id(LINK, i, 0), 1000 + i, epoch)
+    return Branch(xid.transactional_id(LINK, 1, i, 0), 1000 + i, epoch)
 
 
 def test_xa_transitions():

@@ -52,7 +52,7 @@ def test_branch_xids_round_trip_and_fit():
     rng = random.Random(7)
     for link in _links(rng, 300):
         for epoch in (0, 1, rng.randint(0, MAX_EPOCH), MAX_EPOCH):
-            for tid in (transactional_id(link, rng.randint(0, 10_000), rng.randint(0, 9)), "t", "é" * 40):
+            for tid in (transactional_id(link, rng.randint(1, 10_000), rng.randint(0, 10_000), rng.randint(0, 9)), "t", "é" * 40):
                 xid = Xid.for_branch(link, epoch, tid)
                 assert xid.format_id == FORMAT_ID
                 assert xid.gtrid == f"{link}:{epoch}".encode()
@@ -69,7 +69,7 @@ def test_text_form_is_readable_and_stable():
 
 
 def test_long_transactional_id_gets_a_stable_hash_that_fits():
-    long_tid = transactional_id("x" * MAX_LINK_LENGTH, 12_345_678, 10)
+    long_tid = transactional_id("x" * MAX_LINK_LENGTH, 7, 12_345_678, 10)
     assert len(long_tid.encode()) > MAXBQUALSIZE
     b1, b2 = Xid.for_branch("l", 0, long_tid).bqual, bqual_for(long_tid)
     assert b1 == b2 and len(b1) == MAXBQUALSIZE and b1.startswith(b"sha256:")
@@ -117,21 +117,23 @@ def test_names_are_byte_identical_to_the_sinks():
         assert id_prefix(link) == opts.id_prefix == f"lastagent-{link}-"
         for partition in (0, 1, 9, 10, rng.randint(0, 100_000)):
             for attempt in (0, 1, rng.randint(2, 50)):
-                tid = transactional_id(link, partition, attempt)
-                assert tid == opts.transactional_id(partition, attempt)
-                assert tid == f"lastagent-{link}-{partition}-{attempt}"
+                generation = rng.choice((0, 1, rng.randint(2, 10**9)))
+                tid = transactional_id(link, generation, partition, attempt)
+                assert tid == opts.transactional_id(generation, partition, attempt)
+                assert tid == f"lastagent-{link}-{generation}-{partition}-{attempt}"
                 assert tid.startswith(id_prefix(link))
-                assert parse_transactional_id(link, tid) == (partition, attempt)
+                assert parse_transactional_id(link, tid) == (generation, partition, attempt)
 
 
 def test_parse_refuses_other_links_and_foreign_ids():
     # Link "a"'s prefix also prefixes link "a-1"'s ids: parsing tells them apart.
-    other = transactional_id("a-1", 2, 0)
+    other = transactional_id("a-1", 3, 2, 0)
     assert other.startswith(id_prefix("a"))
     assert parse_transactional_id("a", other) is None
-    assert parse_transactional_id("a-1", other) == (2, 0)
-    for tid in ["lastagent-a-", "lastagent-a-1", "lastagent-a-1-", "lastagent-a--1-0", "lastagent-a-01-0",
-                "lastagent-a-1-x", "lastagent-b-1-0", "other-a-1-0", "lastagent-a-1-0-0", "lastagent-a-+1-0"]:
+    assert parse_transactional_id("a-1", other) == (3, 2, 0)
+    for tid in ["lastagent-a-", "lastagent-a-1", "lastagent-a-1-", "lastagent-a-1-0", "lastagent-a--1-0-0",
+                "lastagent-a-01-0-0", "lastagent-a-1-0-x", "lastagent-b-1-0-0", "other-a-1-0-0", "lastagent-a-1-0-0-0",
+                "lastagent-a-+1-0-0"]:
         assert parse_transactional_id("a", tid) is None, tid
 
 
