@@ -93,6 +93,8 @@ class Committer:
             LinkOwnedError: another query owns the link (nothing changed).
         """
         self.check()
+        if not takeover:
+            self._check_checkpoint_belongs_here()
         if owner is None:
             owner = checkpoint.query_id(self.options.checkpoint_location)
         ownership = self.store.claim(self.link, owner, takeover=takeover)
@@ -118,6 +120,26 @@ class Committer:
             faults.point("in_recovery")
             self._carry_out(actions, handles)
         return ownership, -1 if latest is None else latest
+
+    def _check_checkpoint_belongs_here(self) -> None:
+        """A checkpoint with committed epochs must find its link already owned in this store.
+
+        Otherwise the query was restarted under another ``link`` name or with another arbitration
+        store than the one that decided its epochs, and the old link's branches would be left to
+        nobody: refuse, naming both.
+        """
+        from lastagent.arbitration import LinkMismatchError
+
+        if self.store.ownership(self.link) is not None:
+            return
+        through = checkpoint.committed_through(self.options.checkpoint_location)
+        if through >= 0:
+            where = getattr(self.options, "arbitration_table", None) or getattr(self.options, "path", "")
+            raise LinkMismatchError(
+                f"option 'link': checkpoint {self.options.checkpoint_location} has committed epochs 0..{through}, but "
+                f"{where} has never seen link {self.link!r}: the checkpoint was written under another link name or "
+                "arbitration table. Restart with the link and arbitrationTable it was started with (they are in "
+                "the old query's options), or use a new checkpointLocation for a new link")
 
     def _open(self, through_generation: int | None = None) -> list[Any]:
         """The link's open transactions, of generations up to ``through_generation`` (all when None).

@@ -215,6 +215,15 @@ def _proof(title: str, figures: dict[str, int], ok: bool) -> bool:
     return ok
 
 
+def _env_conf() -> dict[str, str]:
+    """Spark settings for a driver process from ``LASTAGENT_SPARK_CONF`` (``key=value;key=value``).
+
+    The tests run the drivers where users run them too, e.g. ``spark.python.use.daemon=false``.
+    """
+    pairs = [p.partition("=") for p in os.environ.get("LASTAGENT_SPARK_CONF", "").split(";") if p.strip()]
+    return {k.strip(): v.strip() for k, _, v in pairs}
+
+
 def sink_driver(bootstrap: str, source: str, checkpoint: str, arbitration: str, link: str, topic: str) -> int:
     """A driver process for act 2 (and the crash tests): Delta table → lastagent-kafka."""
     # Lead a process group so a fault point can kill this driver, its JVM and its workers.
@@ -222,7 +231,8 @@ def sink_driver(bootstrap: str, source: str, checkpoint: str, arbitration: str, 
     from lastagent.spark_session import local_session
 
     # LASTAGENT_SPARK_MASTER lets crash tests allow task retries, e.g. local[2,4].
-    spark = local_session("lastagent-sink-driver", master=os.environ.get("LASTAGENT_SPARK_MASTER", "local[2]"))
+    spark = local_session("lastagent-sink-driver", master=os.environ.get("LASTAGENT_SPARK_MASTER", "local[2]"),
+                          extra_conf=_env_conf())
     spark.sparkContext.setLogLevel("ERROR")
     query = (
         spark.readStream.format("delta").option("maxFilesPerTrigger", "1").load(source)
@@ -269,7 +279,8 @@ def delta_driver(bootstrap: str, topic: str, table: str, checkpoint: str, link: 
     os.environ["LASTAGENT_CRASH_PGID"] = str(os.getpgid(0))
     from lastagent.spark_session import local_session
 
-    spark = local_session("lastagent-delta-driver", master=os.environ.get("LASTAGENT_SPARK_MASTER", "local[2]"))
+    spark = local_session("lastagent-delta-driver", master=os.environ.get("LASTAGENT_SPARK_MASTER", "local[2]"),
+                          extra_conf=_env_conf())
     spark.sparkContext.setLogLevel("ERROR")
     query = (
         spark.readStream.format("lastagent-kafka")

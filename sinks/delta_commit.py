@@ -145,6 +145,35 @@ class TargetTableStore:
             self._create_empty()
         return claim_on_delta(self._claimable, f"Delta table {self.path}", link, owner, takeover)
 
+    def _superseded(self, link: str, generation: int, current: Ownership | None) -> bool:
+        """True when ``generation`` may not decide. Generation 0 is a first run that found no table:
+        it may decide while the table has no owner of the link, or has itself at generation 0."""
+        if generation != 0:
+            return current is None or current.generation != generation
+        return current is not None and (current.generation != 0 or current.owner != self._owner())
+
+    def _record_first_run(self, link: str) -> None:
+        """Records the first run (generation 0) as the link's owner in the table it just created.
+
+        delta-rs cannot create a table with properties of ours, so this is a commit of its own; a
+        racing commit makes it re-read, and an owner already recorded stays.
+        """
+        from deltalake.exceptions import CommitFailedError
+
+        from lastagent.arbitration import owner_keys
+
+        owner_key, gen_key = owner_keys(link)
+        for _ in range(10):
+            table = self._claimable()
+            if delta_ownership(table, link) is not None:
+                return
+            try:
+                table.alter.set_table_properties({owner_key: self._owner(), gen_key: "0"}, raise_if_not_exists=False)
+                return
+            except CommitFailedError:
+                continue
+        raise ArbitrationError(f"link {link!r}: too many concurrent commits to {self.path} while recording its owner")
+
     def _owner(self) -> str:
         """The query that owns the checkpoint: the owner a new table records for generation 0."""
         from lastagent.checkpoint import query_id
@@ -202,12 +231,10 @@ class TargetTableStore:
         props = CommitProperties(custom_metadata=metadata, app_transactions=[
             Transaction(app_id=record.link, version=record.epoch, last_updated=record.decided_at_ms)])
         adds = delta_files.add_actions(list(staged.adds))
-        from lastagent.arbitration import owner_keys
-
         for _ in range(10):
             table = self.table()
             current = None if table is None else delta_ownership(table, record.link)
-            if (current is None and generation != 0) or (current is not None and current.generation != generation):
+            if self._superseded(record.link, generation, current):
                 self.discard(staged)
                 raise stale(record.link, generation, current)
             if table is not None:
@@ -228,12 +255,10 @@ class TargetTableStore:
                                 f"cannot create Delta table {self.path}: the transformer produced no row yet, so "
                                 "its schema is unknown; create the table first or let the first batch have rows")
                         return Decision(record, won=True)  # nothing written, nothing to decide
-                    # The first run's generation 0 is recorded with the table it creates.
-                    owner_key, gen_key = owner_keys(record.link)
                     create_table_with_add_actions(self.path, Schema.from_json(schema_json), adds, mode="error",
                                                   partition_by=list(self.partition_by) or None,
-                                                  configuration={owner_key: self._owner(), gen_key: "0"},
                                                   commit_properties=props)
+                    self._record_first_run(record.link)
                 else:
                     schema = self._fit(table, staged)
                     table.create_write_transaction(adds, "append", schema,

@@ -7,6 +7,7 @@ Spark's own ``kafka`` sink options keep their names (``kafka.bootstrap.servers``
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -28,7 +29,7 @@ DEFAULT_TRANSACTION_TIMEOUT_MS = 900_000
 SINK_OPTIONS: dict[str, tuple[str | None, str]] = {
     "kafka.bootstrap.servers": (None, "Kafka bootstrap servers, host:port[,host:port]."),
     "link": (None, "Stable name of this link (query). Names its transactional ids and its arbitration "
-                   "records; renaming it breaks recovery. Letters, digits, '.', '_' and '-', at most 100."),
+                   "records; renaming it breaks recovery. Letters, digits, '.', '_' and '-', at most 44 (so the XA gtrid '<link>:<epoch>' fits 64 bytes)."),
     "arbitrationTable": (None, "Path of the Delta table that holds the arbitration record of every decided "
                                "epoch (created on first use; readable with spark.read.format('delta'))."),
     "topic": ("", "Topic for every row; overrides the 'topic' column, as in Spark's kafka sink."),
@@ -88,7 +89,9 @@ class KafkaSinkOptions(xid.LinkIds):
                 continue
             if key not in _KNOWN and key not in ("path",):
                 valid = ", ".join(sorted(k for k in SINK_OPTIONS if not k.startswith("kafka.")))
-                raise OptionError(key, f"unknown option for the lastagent-kafka sink; valid options: {valid}, "
+                near = difflib.get_close_matches(key, list(_KNOWN), n=1)
+                hint = f"did you mean '{_KNOWN[near[0]]}'? " if near else ""
+                raise OptionError(key, f"unknown option for the lastagent-kafka sink; {hint}valid options: {valid}, "
                                        "and kafka.* producer settings")
         for required in ("kafka.bootstrap.servers", "link", "arbitrationTable", "checkpointLocation"):
             if not opts.get(required.lower(), "").strip():

@@ -41,16 +41,22 @@ def read_committed(bootstrap: str, topic: str, expect: int, timeout_s: float = 3
     return rows
 
 
+#: Spark settings users have that differ from our test session's defaults: each driver-level
+#: test and crash point also runs under these.
+DAEMON_OFF = {"spark.python.use.daemon": "false"}
+
+
 def run_driver(mode: str, args: list[str], crash_at: str | None, state: Path, timeout: float = 300,
-               master: str = "local[2]") -> int:
+               master: str = "local[2]", conf: dict[str, str] | None = None) -> int:
     """Runs ``python -m lastagent.demo <mode> <args>`` as a driver process; returns its exit code.
 
     With ``crash_at`` (``point`` or ``point:n``) the driver SIGKILLs its own process group (driver,
     JVM, Python workers) at that protocol point; ``state`` counts how often points were reached
     and ``<state>.fired`` names the point that fired. The driver leads a new session so the kill
-    takes exactly its processes; its stderr goes to ``<state>.log``.
+    takes exactly its processes; its stderr goes to ``<state>.log``. ``conf`` adds Spark settings.
     """
-    env = dict(os.environ, LASTAGENT_SPARK_MASTER=master)
+    env = dict(os.environ, LASTAGENT_SPARK_MASTER=master,
+               LASTAGENT_SPARK_CONF=";".join(f"{k}={v}" for k, v in (conf or {}).items()))
     env.pop("LASTAGENT_CRASH_AT", None)
     if crash_at:
         env["LASTAGENT_CRASH_AT"] = crash_at

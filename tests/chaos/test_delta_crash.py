@@ -61,8 +61,11 @@ SCHEDULE = ["before_files:1", "after_files:2", "after_arbitration:1", "in_recove
             "after_phase2:1", "before_dead_letter_table:1"]
 
 
-def test_killed_at_every_point_in_turn_and_restarted_is_exactly_once(spark, kafka_bootstrap, new_topic, orders,
-                                                                      tmp_path):
+@pytest.mark.parametrize("session", ["daemon-on", "daemon-off"])
+def test_killed_at_every_point_in_turn_and_restarted_is_exactly_once(session, spark, kafka_bootstrap, new_topic,
+                                                                      orders, tmp_path):
+    """The history with Spark's Python daemon on (the default) and off (Windows, some managed runtimes)."""
+    conf = support.DAEMON_OFF if session == "daemon-off" else None
     side = new_topic(partitions=2)
     link = f"chaos-d-{uuid.uuid4().hex[:8]}"
     table, dead = str(tmp_path / "orders"), str(tmp_path / "dead-letters")
@@ -70,10 +73,10 @@ def test_killed_at_every_point_in_turn_and_restarted_is_exactly_once(spark, kafk
     state = tmp_path / "crash"
     for point in SCHEDULE:
         state.write_text("0")
-        code = run_driver(args, point, state)
+        code = run_driver(args, point, state, conf=conf)
         assert code == -signal.SIGKILL, f"the driver was not killed at {point} (exit {code}); see {state}.log"
         assert Path(str(state) + ".fired").read_text() == point.split(":")[0]
-    assert run_driver(args, None, state) == 0, f"the last restart failed; see {state}.log"
+    assert run_driver(args, None, state, conf=conf) == 0, f"the last restart failed; see {state}.log"
     dead_rows = spark.read.format("delta").load(dead).select("key", "reason").collect()
     assert Counter(r.key for r in dead_rows) == Counter(str(i).encode() for i in POISON), "dead letters not once"
     assert {r.reason for r in dead_rows} == {"transformer-failed"}

@@ -40,10 +40,16 @@ def run_driver(args: list[str], crash_at: str | None, state: Path, **kw) -> int:
     return support.run_driver("sink-driver", args, crash_at, state, **kw)
 
 
+SESSIONS = {"daemon-on": None, "daemon-off": support.DAEMON_OFF}
+
+
+@pytest.mark.parametrize("session", sorted(SESSIONS))
 @pytest.mark.parametrize("point", [
     "after_prepare:2", "after_arbitration:2", "between_branch_commits:2", "after_phase2:2", "in_recovery:1",
 ])
-def test_crash_and_restart_is_exactly_once(point, kafka_bootstrap, new_topic, source_table, tmp_path):
+def test_crash_and_restart_is_exactly_once(point, session, kafka_bootstrap, new_topic, source_table, tmp_path):
+    """Each point, with Spark's Python daemon on (the default) and off (Windows, some managed runtimes)."""
+    conf = SESSIONS[session]
     topic = new_topic(partitions=2)
     link = f"chaos-{uuid.uuid4().hex[:8]}"
     args = [kafka_bootstrap, source_table, str(tmp_path / "ckpt"), str(tmp_path / "arb"), link, topic]
@@ -51,12 +57,12 @@ def test_crash_and_restart_is_exactly_once(point, kafka_bootstrap, new_topic, so
     if point.startswith("in_recovery"):
         # Recovery runs only when a decided epoch is missing from Spark's commit log: make one
         # (killed right after the decision), then kill the restart inside its recovery.
-        assert run_driver(args, "after_arbitration:2", state) == -signal.SIGKILL
+        assert run_driver(args, "after_arbitration:2", state, conf=conf) == -signal.SIGKILL
         state.write_text("0")
-    code = run_driver(args, point, state)
+    code = run_driver(args, point, state, conf=conf)
     assert code == -signal.SIGKILL, f"the driver was not killed at {point} (exit {code}); see {state}.log"
     assert Path(str(state) + ".fired").read_text() == point.split(":")[0]
-    assert run_driver(args, None, state) == 0, f"restart failed; see {state}.log"
+    assert run_driver(args, None, state, conf=conf) == 0, f"restart failed; see {state}.log"
     assert_exactly_once(kafka_bootstrap, topic, link)
 
 
@@ -79,4 +85,40 @@ def test_task_killed_mid_write_is_retried_exactly_once(kafka_bootstrap, new_topi
     state = tmp_path / "crash"
     assert run_driver(args, "task_mid_write:2", state, master="local[2,4]") == 0, f"see {state}.log"
     assert Path(str(state) + ".fired").read_text() == "task_mid_write"
+    assert_exactly_once(kafka_bootstrap, topic, link)
+
+
+def _two_queries(kafka_bootstrap, source_table, tmp_path, link, topic, conf=None):
+    """Two drivers on one link with different checkpoints, started at once; their exit codes."""
+    import threading
+
+    codes: dict[str, int] = {}
+
+    def run(name: str) -> None:
+        args = [kafka_bootstrap, source_table, str(tmp_path / f"ckpt-{name}"), str(tmp_path / "arb"), link, topic]
+        codes[name] = run_driver(args, None, tmp_path / f"run-{name}", conf=conf)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return codes
+
+
+def test_two_queries_on_one_link_one_owner(kafka_bootstrap, new_topic, source_table, tmp_path):
+    """A redeploy while the old query still runs: one query owns the link, the other is refused at start
+    naming the link and the owner; every row once, nothing left open, and the owner restarts cleanly."""
+    topic = new_topic(partitions=2)
+    link = f"owner-{uuid.uuid4().hex[:8]}"
+    codes = _two_queries(kafka_bootstrap, source_table, tmp_path, link, topic)
+    assert sorted(codes.values()) == [0, 1], codes
+    refused = next(n for n, c in codes.items() if c != 0)
+    owner = next(n for n, c in codes.items() if c == 0)
+    log = (tmp_path / f"run-{refused}.log").read_text()
+    assert f"link '{link}' is owned by query" in log, log[-3000:]
+    assert_exactly_once(kafka_bootstrap, topic, link)
+    # The owner restarts from its checkpoint: nothing to do, still every row once.
+    args = [kafka_bootstrap, source_table, str(tmp_path / f"ckpt-{owner}"), str(tmp_path / "arb"), link, topic]
+    assert run_driver(args, None, tmp_path / "again") == 0
     assert_exactly_once(kafka_bootstrap, topic, link)

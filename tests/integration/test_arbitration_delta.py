@@ -82,3 +82,94 @@ def test_spark_reads_the_arbitration_table(spark, tmp_path):
     assert rows[2].confirmed_through == 1
     history = spark.sql(f"DESCRIBE HISTORY delta.`{store.path}`").collect()
     assert len(history) == 5  # the empty table, the owner's claim, then one commit per decision
+
+
+def _target(tmp_path):
+    from lastagent.sinks.delta_commit import TargetTableStore
+
+    schema = '{"type":"struct","fields":[{"name":"id","type":"long","nullable":true,"metadata":{}}]}'
+    return TargetTableStore(str(tmp_path / "target"), fallback_schema_json=schema)
+
+
+@pytest.fixture(params=["delta", "memory", "target"])
+def any_store(request, tmp_path):
+    """Every implementation of the store port: arbitration table, memory, lastagent-delta target table."""
+    if request.param == "target":
+        return _target(tmp_path)
+    return DeltaArbitrationStore(str(tmp_path / "arb")) if request.param == "delta" else InMemoryArbitrationStore()
+
+
+def test_racing_deciders_exactly_one_wins_on_every_store(any_store):
+    generation = any_store.claim("orders", "q").generation
+    for epoch in range(3):
+        barrier = threading.Barrier(2)
+        results = {}
+
+        def decide(name: str) -> None:
+            barrier.wait()
+            results[name] = any_store.decide(_rec(epoch, name), generation)
+
+        threads = [threading.Thread(target=decide, args=(n,)) for n in ("x", "y")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(d.won for d in results.values()) == [False, True]
+        assert results["x"].record.branches == results["y"].record.branches
+        assert any_store.get("orders", epoch).branches == results["x"].record.branches
+
+
+def test_one_owner_per_link_and_a_superseded_run_decides_nothing(any_store):
+    from lastagent.arbitration import LinkOwnedError, StaleOwnerError
+
+    first = any_store.claim("orders", "query-a")
+    with pytest.raises(LinkOwnedError, match="link 'orders' is owned by query query-a.*this query \\(query-b\\)"):
+        any_store.claim("orders", "query-b")
+    again = any_store.claim("orders", "query-a")  # the owner restarted while its old run still runs
+    assert again.generation == first.generation + 1 and any_store.ownership("orders") == again
+    with pytest.raises(StaleOwnerError, match=f"generation {first.generation}\\) was superseded"):
+        any_store.decide(_rec(0, "old-run"), first.generation)
+    assert any_store.get("orders", 0) is None and any_store.latest_epoch("orders") is None
+    assert any_store.decide(_rec(0, "new-run"), again.generation).won
+    fenced = any_store.claim("orders", "", takeover=True)  # `lastagent recover` fences the running owner
+    assert fenced == type(fenced)("query-a", again.generation + 1)
+    with pytest.raises(StaleOwnerError):
+        any_store.decide(_rec(1, "fenced"), again.generation)
+
+
+def test_claim_racing_a_decision_leaves_no_decision_of_the_old_generation(tmp_path):
+    """A claim and a decision that read the same snapshot: Delta lets one commit; a decision that
+    lands must be of the generation that stood when it committed."""
+    from lastagent.arbitration import StaleOwnerError
+
+    store = DeltaArbitrationStore(str(tmp_path / "arb"))
+    for epoch in range(4):
+        old = store.claim("orders", "q")
+        barrier = threading.Barrier(2)
+        outcome = {}
+
+        def decide() -> None:
+            barrier.wait()
+            try:
+                outcome["decide"] = store.decide(_rec(epoch, f"b{epoch}"), old.generation)
+            except StaleOwnerError as exc:
+                outcome["decide"] = exc
+
+        def claim() -> None:
+            barrier.wait()
+            outcome["claim"] = store.claim("orders", "q")
+
+        threads = [threading.Thread(target=decide), threading.Thread(target=claim)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        from deltalake import DeltaTable
+
+        history = DeltaTable(store.path).history()
+        claimed_at = max(c["version"] for c in history if c.get("operation") == "SET TBLPROPERTIES")
+        decided_at = [c["version"] for c in history if c.get("lastagent.epoch") == str(epoch)]
+        if isinstance(outcome["decide"], StaleOwnerError):
+            assert decided_at == [] and store.get("orders", epoch) is None
+        else:
+            assert outcome["decide"].won and decided_at and decided_at[0] < claimed_at, history[:3]

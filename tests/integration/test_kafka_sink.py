@@ -6,6 +6,7 @@ import uuid
 from collections import Counter
 
 import pytest
+import support
 from support import read_committed
 
 from lastagent.kafka_xa import KafkaXAResource
@@ -97,3 +98,26 @@ def test_renamed_link_is_refused(spark, source, tmp_path, kafka_bootstrap, new_t
 def test_bad_input_column_is_refused_before_writing(spark, source, tmp_path, kafka_bootstrap, new_topic):
     with pytest.raises(Exception, match="column 'value' is bigint; it must be string or binary"):
         _query(spark, source, tmp_path, kafka_bootstrap, new_topic(), select=["id AS value"]).awaitTermination()
+
+
+@pytest.mark.parametrize("conf", [support.DAEMON_OFF], ids=["daemon-off"])
+def test_every_row_once_with_spark_settings_users_have(conf, spark, tmp_path, kafka_bootstrap, new_topic):
+    """The quickstart's three epochs in a driver with a setting our test session does not have: with the
+    Python daemon off, pyspark runs its commit runner as ``__main__``; the sink must not care which."""
+    source = str(tmp_path / "kv")
+    for f in range(3):  # one file per commit: one epoch each in the driver (maxFilesPerTrigger 1)
+        (spark.range(f * 40, (f + 1) * 40, numPartitions=1)
+         .selectExpr("CAST(id AS STRING) AS key", "CAST(id AS STRING) AS value")
+         .write.format("delta").mode("append").save(source))
+    topic = new_topic(partitions=2)
+    link = f"it-{uuid.uuid4().hex[:8]}"
+    args = [kafka_bootstrap, source, str(tmp_path / "ckpt"), str(tmp_path / "arb"), link, topic]
+    state = tmp_path / "run"
+    assert support.run_driver("sink-driver", args, None, state, conf=conf) == 0, (tmp_path / "run.log").read_text()[-3000:]
+    rows = read_committed(kafka_bootstrap, topic, 120)
+    assert Counter(v for _, v in rows) == Counter(str(i).encode() for i in range(120))
+    from deltalake import DeltaTable
+
+    assert DeltaTable(str(tmp_path / "arb")).transaction_version(link) == 2  # three epochs, each decided once
+    with KafkaXAResource({"bootstrap.servers": kafka_bootstrap}) as xa:
+        assert xa.recover(f"lastagent-{link}-") == []

@@ -85,3 +85,65 @@ def test_null_topic_row_is_refused_by_row_number():
     batch = pa.record_batch({"value": ["v"], "topic": pa.array([None], pa.string())})
     with pytest.raises(SchemaError, match="row 0 .* null 'topic'"):
         list(records(batch, None))
+
+
+def test_unknown_option_suggests_the_near_one():
+    with pytest.raises(OptionError, match="option 'arbitrationtabel': unknown option .* did you mean 'arbitrationTable'"):
+        KafkaSinkOptions.parse({**BASE, "arbitrationTabel": "/x"})
+
+
+class _Ctx:
+    def __init__(self, batch_id):
+        self.batch_id = batch_id
+
+    def getLocalProperty(self, key):  # noqa: N802 — pyspark's name
+        assert key == "streaming.sql.batchId"
+        return self.batch_id
+
+
+def test_a_task_without_a_batch_id_writes_nothing_rather_than_guess():
+    from lastagent.errors import LastAgentError
+    from lastagent.sinks.kafka_sink import task_epoch
+
+    assert task_epoch(_Ctx("7")) == 7
+    for missing in (None, "", "-1", "x"):
+        with pytest.raises(LastAgentError, match="no micro-batch id"):
+            task_epoch(_Ctx(missing))
+
+
+def test_commit_messages_name_one_run():
+    from lastagent.errors import LastAgentError
+    from lastagent.sinks.kafka_sink import BranchMessage, generation_of
+
+    assert generation_of([], 3) is None
+    assert generation_of([BranchMessage(3, 2, 0, 0, None), BranchMessage(3, 2, 1, 0, None)], 3) == 2
+    with pytest.raises(LastAgentError, match="epoch 3: commit messages of generations \\[1, 2\\]"):
+        generation_of([BranchMessage(3, 1, 0, 0, None), BranchMessage(3, 2, 1, 0, None)], 3)
+
+
+def test_a_writer_that_skipped_query_start_refuses_to_write():
+    from lastagent.sinks.kafka_sink import NotStartedError, require_started
+
+    with pytest.raises(NotStartedError, match="without the query-start claim and recovery"):
+        require_started(None)
+
+
+def test_checkpoint_reads_fail_closed(tmp_path):
+    from lastagent import checkpoint
+
+    assert checkpoint.committed_through(str(tmp_path / "new")) == -1
+    (tmp_path / "c" / "commits").mkdir(parents=True)
+    for e in ("0", "1", "12", ".12.crc"):
+        (tmp_path / "c" / "commits" / e).write_text("v1")
+    assert checkpoint.committed_through(str(tmp_path / "c")) == 12
+    assert checkpoint.committed_through(f"file://{tmp_path / 'c'}") == 12
+    with pytest.raises(OptionError, match="option 'checkpointLocation': 'wasbs://c@a/p': lastagent cannot read paths "
+                                          "of scheme 'wasbs'"):
+        checkpoint.committed_through("wasbs://c@a/p")
+    with pytest.raises(OptionError, match="has no Spark query metadata file"):
+        checkpoint.query_id(str(tmp_path / "c"))
+    (tmp_path / "c" / "metadata").write_text('{"id":"5b1e"}')
+    assert checkpoint.query_id(str(tmp_path / "c")) == "5b1e"
+    (tmp_path / "c" / "metadata").write_text("garbage")
+    with pytest.raises(OptionError, match="is not Spark's query metadata"):
+        checkpoint.query_id(str(tmp_path / "c"))
