@@ -110,8 +110,6 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--apply", action="store_true", help="carry out every listed decision")
             p.add_argument("--commit", nargs="+", default=[], metavar="TXN_ID", help="commit these branches by hand")
             p.add_argument("--rollback", nargs="+", default=[], metavar="TXN_ID", help="roll these back by hand")
-            p.add_argument("--forget", nargs="+", default=[], metavar="TXN_ID",
-                           help="forget (log and stop reporting) heuristically ended branches")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from kafka.errors import KafkaError
@@ -158,8 +156,6 @@ def _recover(committer: Any, args: argparse.Namespace) -> int:
         fenced = committer.store.claim(committer.link, "", takeover=True)
         print(f"link {committer.link}: generation {fenced.generation} claimed by this command; a query still "
               "running on the link stops at its next epoch and recovers when restarted", file=sys.stderr)
-    for tid in args.forget:
-        committer.xa.forget(by_id[tid][0].handle()) if tid in by_id else None
     done = []
     for t, verb in actions:
         result = committer.xa.commit(t.handle()) if verb == "commit" else committer.xa.rollback(t.handle())

@@ -62,6 +62,8 @@ class Committer:
         self.store.check_link(self.link)
         if self.xa is None:
             return
+        protocol_version = self.xa.transaction_protocol()  # refuses a broker that cannot serve us
+        log.info("link %s: the broker runs transaction protocol %d", self.link, protocol_version)
         broker_max = self.xa.broker_max_timeout_ms()
         if self.options.transaction_timeout_ms > broker_max:
             raise OptionError(

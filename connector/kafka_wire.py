@@ -62,6 +62,8 @@ class _Connection:
         self._correlation = 0
         self.address = f"{host}:{port}"
         self.versions: dict[int, tuple[int, int]] = {}
+        #: The cluster's finalized feature levels (KIP-584), e.g. ``transaction.version``.
+        self.features: dict[str, int] = {}
         # ApiVersions v0..3: the broker answers with its ranges; v3 is the newest we all know.
         resp = self.send(ApiVersionsRequest(client_software_name="lastagent",
                                             client_software_version="0"),
@@ -70,6 +72,8 @@ class _Connection:
             raise KafkaProtocolError(f"ApiVersions to {self.address} failed: {_error_name(resp.error_code)}")
         for api in resp.api_keys:
             self.versions[api.api_key] = (api.min_version, api.max_version)
+        for feature in getattr(resp, "finalized_features", None) or ():
+            self.features[feature.name] = int(feature.max_version_level)
 
     def version_for(self, request_cls: Any) -> int:
         """The highest version both this library and the broker speak."""
@@ -160,6 +164,23 @@ class TransactionCoordinatorClient:
                 retriable=True,
             )
         return host, port
+
+    def transaction_protocol(self) -> int:
+        """The transaction protocol the cluster runs: 2 (KIP-890: every end bumps the producer
+        epoch), else 1 (the epoch moves only when a producer is fenced or re-initialised).
+
+        Raises:
+            KafkaProtocolError: the broker cannot serve an outside coordinator: it lacks
+                ListTransactions / DescribeTransactions (Kafka before 3.0) or EndTxn.
+        """
+        conn = self._any_conn()
+        missing = [name for key, name in ((26, "EndTxn"), (65, "DescribeTransactions"), (66, "ListTransactions"))
+                   if key not in conn.versions]
+        if missing:
+            raise KafkaProtocolError(
+                f"broker {conn.address} does not support {', '.join(missing)}: lastagent finishes and recovers "
+                "transactions from outside the producer and needs Apache Kafka 3.0 or newer")
+        return 2 if conn.features.get("transaction.version", 0) >= 2 else 1
 
     def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool) -> EndTxnResult:
         """Commits (or aborts) the open transaction named by its handle.

@@ -1,7 +1,7 @@
 """Kafka as an XA resource: branches are Kafka transactions, finished from any process.
 
 Two halves, after the XA verbs (start / end / prepare on the branch's own producer, commit /
-rollback / recover / forget by the transaction manager):
+rollback / recover by the transaction manager; Kafka keeps no heuristic outcome to forget):
 
 * :class:`BranchWriter` runs on an executor, inside one Spark task attempt. It owns a
   confluent-kafka transactional producer, writes records, and ``prepare()`` flushes them inside
@@ -225,7 +225,20 @@ class BranchWriter:
 
     def abort_local(self, timeout_s: float = 30.0) -> None:
         """Rolls back from the owning producer, before prepare (the task failed mid-write)."""
+        if self._producer is None:
+            return  # released after prepare: the branch is the driver's to end now
         self._producer.abort_transaction(timeout_s)
+        self.release()
+
+    def release(self) -> None:
+        """Frees the producer (its threads and sockets) now, leaving a prepared transaction open.
+
+        Not ``Producer.close()``: in confluent-kafka 2.16 that aborts the open transaction. The
+        producer is destroyed by dropping its last reference, which leaves the transaction to
+        whoever holds the handle; tests/integration/test_kafka_xa.py pins both behaviours.
+        """
+        producer, self._producer = self._producer, None
+        del producer
 
 
 def _admin(client_config: Mapping[str, str]) -> Any:
@@ -277,6 +290,21 @@ class KafkaXAResource:
         self._end_deadline_s = end_deadline_s
         self._wire = TransactionCoordinatorClient(self._config["bootstrap.servers"])
         self._admin_client: Any = None
+        self._protocol: int | None = None
+
+    def transaction_protocol(self) -> int:
+        """The cluster's transaction protocol (2 or 1), asked once; see :meth:`TransactionCoordinatorClient.transaction_protocol`."""
+        if self._protocol is None:
+            self._protocol = self._wire.transaction_protocol()
+        return self._protocol
+
+    def _ended_epoch(self, handle: BranchHandle) -> int:
+        """The producer epoch the broker reports once *this* transaction has ended.
+
+        Protocol 2 bumps the epoch at every end, so the end of this transaction shows as epoch + 1
+        (and a later transaction of the id as more); protocol 1 leaves it as it was.
+        """
+        return handle.producer_epoch + (1 if self.transaction_protocol() >= 2 else 0)
 
     # -- XA timeout ------------------------------------------------------------------------
 
@@ -288,18 +316,29 @@ class KafkaXAResource:
 
     def broker_max_timeout_ms(self) -> int:
         """The broker's ``transaction.max.timeout.ms``; a branch timeout above it is refused."""
+        return int(self._broker_config("transaction.max.timeout.ms"))
+
+    def _broker_config(self, name: str) -> str:
         from kafka.admin import ConfigResource, ConfigResourceType
 
         admin = self._admin()
         broker_id = str(admin.describe_cluster()["brokers"][0]["broker_id"])
-        res = admin.describe_configs(
-            [ConfigResource(ConfigResourceType.BROKER, broker_id, configs=["transaction.max.timeout.ms"])],
-            config_filter="all",
-        )
-        entry = res.get("broker", {}).get(broker_id, {}).get("transaction.max.timeout.ms")
-        if entry is not None:
-            return int(entry["value"])
-        raise KafkaProtocolError("the broker did not report transaction.max.timeout.ms")
+        res = admin.describe_configs([ConfigResource(ConfigResourceType.BROKER, broker_id, configs=[name])],
+                                     config_filter="all")
+        entry = res.get("broker", {}).get(broker_id, {}).get(name)
+        if entry is None:
+            raise KafkaProtocolError(f"the broker did not report {name}")
+        return str(entry["value"])
+
+    def missing_topics(self, topics: Iterable[str]) -> list[str]:
+        """The topics that do not exist and that the broker will not create on first write."""
+        wanted = sorted(set(topics))
+        if not wanted:
+            return []
+        missing = [t for t in wanted if t not in set(self._admin().list_topics())]
+        if missing and self._broker_config("auto.create.topics.enable").lower() == "true":
+            return []
+        return missing
 
     # -- commit / rollback -------------------------------------------------------------------
 
@@ -310,11 +349,6 @@ class KafkaXAResource:
     def rollback(self, handle: BranchHandle) -> EndResult:
         """Rolls a prepared branch back; a branch already rolled back counts as done."""
         return self._end(handle, commit=False)
-
-    def forget(self, handle: BranchHandle) -> None:
-        """XA forget: Kafka keeps no heuristic record to discard, so only the log remembers."""
-        log.info("forget branch %s (producer id %d, epoch %d)", handle.transactional_id,
-                 handle.producer_id, handle.producer_epoch)
 
     def _end(self, handle: BranchHandle, commit: bool) -> EndResult:
         if handle.read_only:
@@ -353,9 +387,8 @@ class KafkaXAResource:
             state, pid, epoch = f"unknown ({exc})", -1, -1
         detail = (f"EndTxn answered {error}; broker now reports {state} for producer id {pid} "
                   f"epoch {epoch} (branch had producer id {handle.producer_id} epoch {handle.producer_epoch})")
-        # Transaction protocol v2 bumps the epoch by one at every end, so the end of *this*
-        # transaction shows as (same pid, epoch + 1) while no newer one has started.
-        ours = pid == handle.producer_id and epoch == handle.producer_epoch + 1
+        # Whether the broker's last word on the id is the end of *this* transaction.
+        ours = pid == handle.producer_id and epoch == self._ended_epoch(handle)
         if commit:
             if ours and state == "CompleteCommit":
                 return EndResult(handle, EndOutcome.COMMITTED, detail)
@@ -370,14 +403,14 @@ class KafkaXAResource:
 
         Returns:
             "committed" or "aborted" when the broker's last word on the id is this very
-            transaction's end (same producer id, epoch + 1 under transaction protocol v2);
+            transaction's end (same producer id; epoch + 1 under transaction protocol 2);
             "open" when it is still open; "unknown" when the id has moved on to a newer one.
         """
         desc = self._admin().describe_transactions([handle.transactional_id])[handle.transactional_id]
         state, pid, epoch = desc.state.value, desc.producer_id, desc.producer_epoch
         if pid == handle.producer_id and epoch == handle.producer_epoch and state == "Ongoing":
             return "open"
-        if pid == handle.producer_id and epoch == handle.producer_epoch + 1:
+        if pid == handle.producer_id and epoch == self._ended_epoch(handle) and state != "Ongoing":
             if state in ("CompleteCommit", "PrepareCommit"):
                 return "committed"
             if state in ("CompleteAbort", "PrepareAbort"):
@@ -392,15 +425,22 @@ class KafkaXAResource:
         if len(handles) <= 1:
             return [self._end(h, commit) for h in handles]
 
-        def one(h: BranchHandle) -> EndResult:
+        # One coordinator connection per worker thread for the whole call, not one per branch.
+        workers = min(parallelism, len(handles))
+        shares = [handles[i::workers] for i in range(workers)]
+
+        def run(share: list[BranchHandle]) -> list[EndResult]:
             worker = KafkaXAResource(self._config, self._timeout_ms, self._end_deadline_s)
+            worker._protocol = self._protocol
             try:
-                return worker._end(h, commit)
+                return [worker._end(h, commit) for h in share]
             finally:
                 worker.close()
 
-        with ThreadPoolExecutor(max_workers=min(parallelism, len(handles))) as pool:
-            return list(pool.map(one, handles))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            done = list(pool.map(run, shares))
+        by_handle = {id(r.handle): r for results in done for r in results}
+        return [by_handle[id(h)] for h in handles]
 
     # -- recover -------------------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ from lastagent.sinks import dead_letters, transformer
 from lastagent.sinks.delta_commit import StagedEpoch, TargetTableStore, schema_diff, schema_error
 from lastagent.sinks.delta_files import FileWriter, delta_arrow_schema
 from lastagent.sinks.delta_sink_options import DeltaSinkOptions
-from lastagent.sinks.kafka_sink import Started, generation_of, require_started, task_epoch
+from lastagent.sinks.kafka_sink import Started, generation_of, require_started, require_topics, task_epoch
 
 log = logging.getLogger("lastagent.delta")
 
@@ -148,7 +148,11 @@ class _Outputs:
         return self.table_files.close()
 
     def prepare(self) -> BranchHandle | None:
-        return None if self.branch is None else self.branch.prepare()
+        if self.branch is None:
+            return None
+        handle = self.branch.prepare()
+        self.branch.release()  # the transaction stays open (prepared); only the driver ends it
+        return handle
 
     def abort(self) -> None:
         if self.table_files is not None:
@@ -201,6 +205,9 @@ class DeltaStreamWriter(DataSourceStreamArrowWriter):
                 if problems:
                     raise schema_error(self.options.path, problems)
         with Committer(self.options, store=store) as committer:
+            if committer.xa is not None:
+                require_topics(committer, {"deadLetterTopic": [t for t in [self.options.dead_letter_topic] if t],
+                                           "sideTopics": list(self.options.side_topics)})
             ownership, decided_through = committer.start()
         if decided_through >= 0:
             # Only the newest decided epoch can miss its dead-letter commit (epochs run one by one).

@@ -122,6 +122,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         from lastagent.committer import Committer
 
         with Committer(self.options) as committer:
+            require_topics(committer, {"topic": [self.options.topic] if self.options.topic else []})
             ownership, decided_through = committer.start()
         return Started(ownership.generation, decided_through)
 
@@ -154,6 +155,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
                         writer.send(row_topic, value, key, headers, part)
                 faults.point("task_mid_write")
             handle = writer.prepare()
+            writer.release()  # the transaction stays open (prepared); only the driver ends it
         except BaseException:
             # Nothing was reported, so nobody else will end this transaction soon: end it here
             # rather than let it hold the partitions' last stable offset until it times out.
@@ -188,6 +190,22 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         msgs = [m for m in messages if isinstance(m, BranchMessage)]
         with Committer(self.options) as committer:
             committer.abort(batchId, generation_of(msgs, batchId), _handles(msgs))
+
+
+def require_topics(committer: Any, by_option: dict[str, list[str]]) -> None:
+    """Fails at query start when a topic an option names does not exist (and will not be created). Driver.
+
+    Raises:
+        OptionError: naming the option and the topic.
+    """
+    from lastagent.errors import OptionError
+
+    for option, topics in by_option.items():
+        missing = committer.xa.missing_topics(topics)
+        if missing:
+            raise OptionError(option, f"topic(s) {', '.join(missing)} do not exist on "
+                                      f"{committer.options.client_config.get('bootstrap.servers')} "
+                                      "and the broker does not create topics on first write; create them first")
 
 
 def require_started(started: Started | None) -> Started:

@@ -121,3 +121,11 @@ def test_every_row_once_with_spark_settings_users_have(conf, spark, tmp_path, ka
     assert DeltaTable(str(tmp_path / "arb")).transaction_version(link) == 2  # three epochs, each decided once
     with KafkaXAResource({"bootstrap.servers": kafka_bootstrap}) as xa:
         assert xa.recover(f"lastagent-{link}-") == []
+
+
+def test_missing_topic_is_refused_at_start_naming_the_option(spark, source, tmp_path, kafka_bootstrap):
+    """The test broker does not create topics on first write: a missing topic is a start-time error."""
+    missing = f"absent-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(Exception, match=f"option 'topic': topic\\(s\\) {missing} do not exist"):
+        _query(spark, source, tmp_path, kafka_bootstrap, missing).awaitTermination()
+    assert not (tmp_path / "arb").exists()  # refused before the link was claimed: nothing written

@@ -153,3 +153,34 @@ def test_a_record_the_broker_refuses_fails_prepare(kafka_bootstrap, new_topic):
     with pytest.raises(BranchError, match=rf"delivery failed: {topic}\[7\]"):
         w.prepare(flush_timeout_s=30)
     w.abort_local()
+
+
+def test_the_pinned_broker_runs_transaction_protocol_2(kafka_bootstrap):
+    """Kafka 4 finalizes transaction.version 2 (KIP-890): ends are classified by epoch + 1."""
+    with KafkaXAResource({"bootstrap.servers": kafka_bootstrap}) as xa:
+        assert xa.transaction_protocol() == 2
+
+
+def test_released_producer_leaves_its_prepared_branch_open_and_close_would_abort_it(kafka_bootstrap, new_topic):
+    """Tasks free their producer right after prepare. That must leave the transaction open for the
+    driver; confluent-kafka's Producer.close() aborts it, so release() must not call it. A client
+    upgrade that changes either behaviour fails here, not in a production epoch."""
+    from lastagent.kafka_xa import describe_open
+
+    topic = new_topic()
+    config = {"bootstrap.servers": kafka_bootstrap}
+    kept = BranchWriter(config, f"release-{uuid.uuid4().hex[:8]}", 60_000)
+    kept.send(topic, b"kept")
+    handle = kept.prepare()
+    kept.release()
+    assert kept._producer is None  # noqa: SLF001 — freed now, not at some later collection
+    assert describe_open(config, handle.transactional_id)[:2] == (handle.producer_id, handle.producer_epoch)
+    closed = BranchWriter(config, f"close-{uuid.uuid4().hex[:8]}", 60_000)
+    closed.send(topic, b"closed")
+    closed_handle = closed.prepare()
+    closed._producer.close()  # noqa: SLF001 — what release() must not do
+    with pytest.raises(BranchError, match="broker says CompleteAbort"):
+        describe_open(config, closed_handle.transactional_id)
+    with KafkaXAResource(config) as xa:
+        assert xa.commit(handle).outcome is EndOutcome.COMMITTED
+    assert [v for _, v in read_committed(kafka_bootstrap, topic, 1)] == [b"kept"]
