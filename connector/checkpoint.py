@@ -8,7 +8,7 @@ error naming ``checkpointLocation``, never a silent "nothing committed yet".
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Protocol
 
 from lastagent.errors import OptionError
 
@@ -83,3 +83,28 @@ def query_id(location: str) -> str:
         raise OptionError("checkpointLocation", f"{location}/metadata is not Spark's query metadata "
                                                 f"(expected a JSON line with 'id'): {text[:80]!r}") from None
     return str(found)
+
+
+class CheckpointReader(Protocol):
+    """The checkpoint port: what the committer reads from Spark's checkpoint."""
+
+    def committed_through(self) -> int:
+        """The newest epoch in the commit log, -1 for none."""
+        ...
+
+    def query_id(self) -> str:
+        """Spark's id of the query that owns the checkpoint."""
+        ...
+
+
+class SparkCheckpoint:
+    """A Spark checkpoint location, read outside Spark (pyarrow). Driver side."""
+
+    def __init__(self, location: str) -> None:
+        self.location = location
+
+    def committed_through(self) -> int:
+        return committed_through(self.location)
+
+    def query_id(self) -> str:
+        return query_id(self.location)

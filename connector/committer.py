@@ -1,9 +1,11 @@
 """The driver's side of one link's epochs: decide, phase 2, abort, recovery. Driver side.
 
-A thin adapter: the rules live in :mod:`lastagent.protocol` (pure); this module reads the
-arbitration store and the broker, feeds what it finds to the rules, and carries out the
-actions they return against :class:`~lastagent.kafka_xa.KafkaXAResource` and the
-arbitration store.
+The one interpreter of the protocol: the rules live in :mod:`lastagent.protocol` (pure); this
+module reads the arbitration store, the broker and Spark's checkpoint through three ports
+(:class:`~lastagent.arbitration.ArbitrationStore`, :class:`~lastagent.kafka_xa.XAResource`,
+:class:`~lastagent.checkpoint.CheckpointReader`), feeds what it finds to the rules, and carries
+out the actions they return. The model check (tests/unit/test_protocol_model.py) runs this very
+class against in-memory ports that crash at every call.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from lastagent import checkpoint, faults, protocol, xid
-from lastagent.arbitration import ArbitrationRecord, DeltaArbitrationStore, Ownership
+from lastagent import faults, protocol, xid
+from lastagent.arbitration import ArbitrationRecord, ArbitrationStore, DeltaArbitrationStore, Ownership
+from lastagent.checkpoint import CheckpointReader, SparkCheckpoint
 from lastagent.errors import LastAgentError, OptionError
-from lastagent.kafka_xa import BranchHandle, EndOutcome, EndResult, KafkaXAResource
-from lastagent.protocol import Branch, CommitBranch, RollbackBranch
+from lastagent.kafka_xa import BranchHandle, EndOutcome, EndResult, KafkaXAResource, XAResource
+from lastagent.protocol import Branch, CommitBranch, RollbackBranch, WriteDecision
 
 log = logging.getLogger("lastagent.committer")
 
@@ -38,15 +41,18 @@ class Committer:
             names. The ``lastagent-delta`` sink passes its target table (the last agent).
         xa: the Kafka XA resource; defaults to one built from the options, or none when the
             link has no Kafka branches (``options.has_kafka`` false).
+        checkpoint: Spark's checkpoint; defaults to ``options.checkpoint_location``.
     """
 
-    def __init__(self, options: Any, store: Any = None, xa: KafkaXAResource | None = None) -> None:
+    def __init__(self, options: Any, store: ArbitrationStore | None = None, xa: XAResource | None = None,
+                 checkpoint: CheckpointReader | None = None) -> None:
         self.options = options
         self.link: str = options.link
-        self.store = store or DeltaArbitrationStore(options.arbitration_table)
+        self.store: ArbitrationStore = store or DeltaArbitrationStore(options.arbitration_table)
         if xa is None and getattr(options, "has_kafka", True):
             xa = KafkaXAResource(options.client_config, options.transaction_timeout_ms)
         self.xa = xa
+        self.checkpoint: CheckpointReader = checkpoint or SparkCheckpoint(options.checkpoint_location)
 
     def __enter__(self) -> "Committer":
         return self
@@ -98,7 +104,7 @@ class Committer:
         if not takeover:
             self._check_checkpoint_belongs_here()
         if owner is None:
-            owner = checkpoint.query_id(self.options.checkpoint_location)
+            owner = self.checkpoint.query_id()
         ownership = self.store.claim(self.link, owner, takeover=takeover)
         latest = self.store.latest_epoch(self.link)
         decisions = {r.epoch: r for r in self.store.records(self.link)} if latest is not None else {}
@@ -110,7 +116,7 @@ class Committer:
         handles = {Branch.of(h): h for r in decisions.values() for h in map(BranchHandle.from_json, r.branches)}
         open_now = self._open(ownership.generation - 1)
         handles.update((Branch.of(t), t.handle()) for t in open_now)
-        committed = checkpoint.committed_through(self.options.checkpoint_location) if not takeover else latest
+        committed = self.checkpoint.committed_through() if not takeover else latest
         actions = protocol.recover(
             -1 if committed is None else committed,
             {e: tuple(Branch.of(BranchHandle.from_json(b)) for b in r.branches) for e, r in decisions.items()},
@@ -134,7 +140,7 @@ class Committer:
 
         if self.store.ownership(self.link) is not None:
             return
-        through = checkpoint.committed_through(self.options.checkpoint_location)
+        through = self.checkpoint.committed_through()
         if through >= 0:
             where = getattr(self.options, "arbitration_table", None) or getattr(self.options, "path", "")
             raise LinkMismatchError(
@@ -200,6 +206,8 @@ class Committer:
                data: Any = None) -> ArbitrationRecord:
         """Decides the epoch (last agent), then commits its branches and rolls back the rest. Driver.
 
+        Carries out :func:`lastagent.protocol.decide_epoch` (``WriteDecision`` first; a decider
+        that lost the race follows the winner's record), then :func:`lastagent.protocol.sweep`.
         ``generation`` is the run's (its tasks carried it in their commit messages): the store
         writes the decision only while it is the link's, atomically with the commit, so a
         superseded run stops here with nothing decided. ``data`` is what the last agent commits
@@ -214,37 +222,46 @@ class Committer:
             StaleOwnerError: a newer run owns the link; nothing was decided.
         """
         live = [h for h in handles if not h.read_only]
-        prepared = [Branch.of(h) for h in live]
-        record = ArbitrationRecord(
-            link=self.link, epoch=epoch, gxid=xid.gxid_text(self.link, epoch),
-            branches=tuple(h.to_json() for h in live),
-            confirmed_through=epoch - 1,  # commit(epoch) runs only after epoch-1's phase 2
-        )
-        # WriteDecision, the first action of protocol.decide_epoch(epoch, None, ...): the store
-        # answers with the record that stands (ours, or a racing decider's).
-        decision = (self.store.decide(record, generation, data) if data is not None
-                    else self.store.decide(record, generation))
-        if not decision.won:
-            log.warning("link %s epoch %d was already decided; following that record (%d branches)",
-                        self.link, epoch, len(decision.record.branches))
         known = {Branch.of(h): h for h in live}
-        recorded_handles = [BranchHandle.from_json(b) for b in decision.record.branches]
-        known.update((Branch.of(h), h) for h in recorded_handles)
-        recorded = [Branch.of(h) for h in recorded_handles]
+        actions = protocol.decide_epoch(epoch, None, [Branch.of(h) for h in live], [])
+        record, won = self._write_decision(actions, epoch, generation, known, data)
+        recorded = [Branch.of(BranchHandle.from_json(b)) for b in record.branches]
+        if not won:  # another decider won the epoch: follow the record that stands
+            actions = protocol.decide_epoch(epoch, recorded, [Branch.of(h) for h in live], [])
         faults.point("after_arbitration")
-        self._carry_out(protocol.decide_epoch(epoch, recorded, prepared, []), known)
-        # Recorded branches are committed by now; what is still open of this run (or an earlier
-        # one) is failed or superseded attempts. A newer run's branches are left to that run.
+        self._carry_out([a for a in actions if not isinstance(a, WriteDecision)], known)
+        # What is still open of this run (or an earlier one) is failed or superseded attempts.
         open_now = self._open(generation)
         known.update((Branch.of(t), t.handle()) for t in open_now)
-        self._carry_out([a for a in protocol.decide_epoch(epoch, recorded, [], [Branch.of(t) for t in open_now])
-                         if isinstance(a, RollbackBranch)], known)
+        self._carry_out(protocol.sweep(recorded, [Branch.of(t) for t in open_now]), known)
         faults.point("after_phase2")
         if epoch % self.options.cleanup_every == 0 and epoch > 0:
             removed = self.store.cleanup(self.link, self.options.retention_epochs)
             if removed:
                 log.info("link %s: cleaned up %d confirmed arbitration rows", self.link, removed)
-        return decision.record
+        return record
+
+    def _write_decision(self, actions: Sequence[protocol.Action], epoch: int, generation: int,
+                        known: dict[Branch, BranchHandle], data: Any) -> tuple[ArbitrationRecord, bool]:
+        """Carries out the ``WriteDecision`` action: the last agent's one-phase commit.
+
+        Returns:
+            The record that stands (ours, or a racing decider's; its branches join ``known``)
+            and whether it is ours.
+        """
+        write = next(a for a in actions if isinstance(a, WriteDecision))
+        record = ArbitrationRecord(
+            link=self.link, epoch=epoch, gxid=xid.gxid_text(self.link, epoch),
+            branches=tuple(known[b].to_json() for b in write.branches),
+            confirmed_through=epoch - 1,  # commit(epoch) runs only after epoch-1's phase 2
+        )
+        decision = (self.store.decide(record, generation, data) if data is not None  # type: ignore[call-arg]
+                    else self.store.decide(record, generation))
+        if not decision.won:
+            log.warning("link %s epoch %d was already decided; following that record (%d branches)",
+                        self.link, epoch, len(decision.record.branches))
+        known.update((Branch.of(h), h) for h in map(BranchHandle.from_json, decision.record.branches))
+        return decision.record, decision.won
 
     def abort(self, epoch: int, generation: int | None, handles: Sequence[BranchHandle]) -> None:
         """Spark gave up on the epoch. If it was decided, its record stands; else roll back. Driver.
@@ -268,19 +285,12 @@ class Committer:
                                              [Branch.of(h) for h in reported]), known)
 
     def _carry_out(self, actions: Sequence[protocol.Action], handles: dict[Branch, BranchHandle]) -> None:
-        """Carries out the protocol core's actions: commits, then rollbacks, then any failure."""
-        if not actions:
-            return
+        """Carries out branch actions: commits (in parallel), then rollbacks, then any failure."""
         commits = [a for a in actions if isinstance(a, CommitBranch)]
-        epoch_of = {a.branch: a.epoch for a in commits}
-        results: list[EndResult] = []
         if commits:
-            # One branch first, so a crash test can stop between two branch commits.
-            results.append(self.xa.commit(handles[commits[0].branch]))
-            faults.point("between_branch_commits")
-        results += self.xa.end_all([handles[a.branch] for a in commits[1:]], commit=True,
-                                   parallelism=self.options.phase2_parallelism)
-        self._require_committed(results, epoch_of)
+            results = self.xa.end_all([handles[a.branch] for a in commits], commit=True,
+                                      parallelism=self.options.phase2_parallelism)
+            self._require_committed(results, {a.branch: a.epoch for a in commits})
         rollbacks = [handles[a.branch] for a in actions if isinstance(a, RollbackBranch)]
         if rollbacks:
             log.info("link %s: rolling back %d branch(es) no decision covers", self.link, len(rollbacks))

@@ -22,8 +22,9 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+from lastagent import faults
 from lastagent.errors import KafkaProtocolError, LastAgentError
 from lastagent.kafka_wire import TransactionCoordinatorClient
 
@@ -272,8 +273,48 @@ def describe_open(client_config: Mapping[str, str], transactional_id: str,
     return desc.producer_id, desc.producer_epoch, partitions
 
 
+class XAResource(Protocol):
+    """The XA resource port: what the committer needs from Kafka. Driver side."""
+
+    def transaction_protocol(self) -> int:
+        """The broker's transaction protocol (2: KIP-890, else 1); raises for a broker that cannot serve us."""
+        ...
+
+    def broker_max_timeout_ms(self) -> int:
+        """The broker's ``transaction.max.timeout.ms``."""
+        ...
+
+    def missing_topics(self, topics: Iterable[str]) -> list[str]:
+        """Topics that do not exist and will not be created on first write."""
+        ...
+
+    def commit(self, handle: BranchHandle) -> EndResult:
+        """Ends one branch with commit; a branch already committed counts as done."""
+        ...
+
+    def rollback(self, handle: BranchHandle) -> EndResult:
+        """Ends one branch with abort; a branch already rolled back counts as done."""
+        ...
+
+    def end_all(self, handles: Iterable[BranchHandle], commit: bool, parallelism: int = 8) -> list[EndResult]:
+        """Ends many branches (phase 2), results in the order given."""
+        ...
+
+    def recover(self, transactional_id_prefix: str) -> list[OpenTransaction]:
+        """Every open transaction whose id starts with the prefix, as the broker lists it."""
+        ...
+
+    def how_ended(self, handle: BranchHandle) -> str:
+        """"committed", "aborted", "open" or "unknown", from the broker, without side effects."""
+        ...
+
+    def close(self) -> None:
+        """Frees connections."""
+        ...
+
+
 class KafkaXAResource:
-    """The transaction manager's view of Kafka for one link. Driver side.
+    """The transaction manager's view of Kafka for one link: the :class:`XAResource` port. Driver side.
 
     Args:
         client_config: kafka settings with the ``kafka.`` prefix removed (bootstrap.servers...).
@@ -422,8 +463,14 @@ class KafkaXAResource:
         from concurrent.futures import ThreadPoolExecutor
 
         handles = list(handles)
+        if not handles:
+            return []
+        # One branch first, so a crash test can stop between two branch commits.
+        first = [self._end(handles[0], commit)]
+        faults.point("between_branch_commits" if commit else "between_branch_rollbacks")
+        handles = handles[1:]
         if len(handles) <= 1:
-            return [self._end(h, commit) for h in handles]
+            return first + [self._end(h, commit) for h in handles]
 
         # One coordinator connection per worker thread for the whole call, not one per branch.
         workers = min(parallelism, len(handles))
@@ -440,7 +487,7 @@ class KafkaXAResource:
         with ThreadPoolExecutor(max_workers=workers) as pool:
             done = list(pool.map(run, shares))
         by_handle = {id(r.handle): r for results in done for r in results}
-        return [by_handle[id(h)] for h in handles]
+        return first + [by_handle[id(h)] for h in handles]
 
     # -- recover -------------------------------------------------------------------------------
 

@@ -211,6 +211,22 @@ def decide_epoch(epoch: int, recorded: Sequence[Branch] | None, prepared: Sequen
     return [WriteDecision(epoch, keep), *_finish(epoch, keep, open_branches)]
 
 
+def sweep(recorded: Sequence[Branch], open_branches: Sequence[Branch]) -> list[Action]:
+    """After an epoch's phase 2: what is still open of this run (or an earlier one) and not in the
+    epoch's record is a failed or superseded task attempt. Pure: no I/O, runs on the driver.
+
+    Args:
+        recorded: the branches of the epoch's record (committed by now).
+        open_branches: the link's open transactions of this run's generation or earlier ones (a
+            newer run's branches are that run's to end, and must not be passed here).
+
+    Returns:
+        RollbackBranch for every open branch the record does not name.
+    """
+    kept = set(recorded)
+    return [RollbackBranch(b) for b in _unique(open_branches) if b not in kept]
+
+
 def abort_epoch(epoch: int, recorded: Sequence[Branch] | None, open_branches: Sequence[Branch],
                 reported: Sequence[Branch] = ()) -> list[Action]:
     """The sink's ``abort(messages, epoch)``. Pure: no I/O, runs on the driver.

@@ -26,7 +26,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from lastagent import faults
+from lastagent import faults, protocol
 from lastagent.kafka_xa import BranchHandle, BranchWriter
 from lastagent.sinks import dead_letters, transformer
 from lastagent.sinks.delta_commit import StagedEpoch, TargetTableStore, schema_diff, schema_error
@@ -229,7 +229,7 @@ class DeltaStreamWriter(DataSourceStreamArrowWriter):
         ctx = TaskContext.get()
         epoch = task_epoch(ctx)
         partition, attempt = ctx.partitionId(), ctx.attemptNumber()
-        if epoch <= started.decided_through:
+        if protocol.skip_task(epoch, started.decided_through):
             for _ in iterator:  # the epoch's decision stands: write nothing
                 pass
             return DeltaMessage(epoch, started.generation, partition, attempt, (), None, None)

@@ -26,7 +26,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from lastagent import faults
+from lastagent import faults, protocol
 from lastagent.errors import LastAgentError
 from lastagent.kafka_xa import BranchHandle, BranchWriter
 from lastagent.sinks.kafka_rows import check_schema, records, simple_columns
@@ -135,7 +135,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         ctx = TaskContext.get()
         epoch = task_epoch(ctx)
         partition, attempt = ctx.partitionId(), ctx.attemptNumber()
-        if epoch <= started.decided_through:
+        if protocol.skip_task(epoch, started.decided_through):
             # Spark re-runs an epoch whose decision stands (crash after the arbitration commit,
             # before Spark's commit log): its branches exist already; write nothing.
             for _ in iterator:

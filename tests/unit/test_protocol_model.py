@@ -1,4 +1,4 @@
-"""Exhaustive model check of the epoch protocol's rules (``lastagent.protocol``) under crashes.
+"""Exhaustive model check of the protocol as production runs it: the real ``Committer`` under crashes.
 
 A small simulated world, all in memory:
 
@@ -11,18 +11,22 @@ A small simulated world, all in memory:
 * Spark's checkpoint: offset log and commit log; the commit log gets N only after the sink's
   commit(N) returned; a restarted query re-runs the newest epoch with logged offsets and no
   commit;
-* a driver that carries out the actions the pure rules return, and tasks that write
-  deterministic records (epoch, task, i) into one branch each.
+* the driver is ``lastagent.committer.Committer`` itself, the one interpreter of the rules in
+  ``lastagent.protocol``, wired to the world through the three ports it has in production (the
+  XA resource, the arbitration store with its owner generation, Spark's checkpoint); tasks
+  name their branches by the generation the start claimed and write deterministic records
+  (epoch, task, i) into one branch each.
 
-Every mutating step of the world is a crash point. The check runs each scenario without a crash,
+Every port call that changes the world is a crash point. The check runs each scenario without a crash,
 with a crash at every step followed by a restart, and with a crash at every step of that restart
 (recovery included) followed by a second restart, for every order of the per-branch phase-2
 commits, and asserts DESIGN.md's invariants after each schedule (and the safety ones at each
-crash). Mutants of the rules must be caught by the same checker.
+crash). Mutants of the rules and of the interpreter must be caught by the same checker.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections import Counter
@@ -32,8 +36,12 @@ from dataclasses import dataclass, field
 import pytest
 
 from lastagent import protocol, xid
+from lastagent.arbitration import ArbitrationRecord, Decision, Ownership, StaleOwnerError
+from lastagent.committer import Committer, DecidedBranchLostError
+from lastagent.kafka_xa import BranchHandle, EndOutcome, EndResult, OpenTransaction
 from lastagent.protocol import (Branch, BranchState, CommitBranch, Fail, InvalidTransition, RollbackBranch, Verb,
                                 WriteDecision)
+from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 
 pytestmark = pytest.mark.unit
 
@@ -139,9 +147,13 @@ class Arbitration:
 
     def __init__(self) -> None:
         self.rows: dict[int, tuple[Branch, ...]] = {}
+        self.records: dict[int, ArbitrationRecord] = {}
+        self.owner: Ownership | None = None
 
-    def decide(self, epoch: int, branches: tuple[Branch, ...]) -> tuple[Branch, ...]:
-        return self.rows.setdefault(epoch, branches)
+    def decide(self, epoch: int, branches: tuple[Branch, ...], record: ArbitrationRecord) -> ArbitrationRecord:
+        """Atomic and idempotent: the first record of an epoch stands."""
+        self.rows.setdefault(epoch, branches)
+        return self.records.setdefault(epoch, record)
 
 
 class Checkpoint:
@@ -179,69 +191,138 @@ class World:
         self.steps = 0
 
 
-# -- the driver: carries out the pure rules' actions ------------------------------------------------
+# -- the ports: the real Committer runs against the model world ---------------------------------------
 
 
 @dataclass
 class Rules:
-    """The protocol functions the driver uses; mutants replace one of them."""
+    """The protocol functions and the interpreter the query uses; mutants replace one of them."""
 
     recover: Callable = protocol.recover
     decide_epoch: Callable = protocol.decide_epoch
     abort_epoch: Callable = protocol.abort_epoch
+    sweep: Callable = protocol.sweep
     skip_task: Callable = protocol.skip_task
+    committer: type = Committer
+
+    @contextlib.contextmanager
+    def installed(self):
+        """The rules in force in ``lastagent.protocol`` (where the Committer looks them up)."""
+        saved = {name: getattr(protocol, name) for name in ("recover", "decide_epoch", "abort_epoch", "sweep")}
+        for name in saved:
+            setattr(protocol, name, getattr(self, name))
+        try:
+            yield
+        finally:
+            for name, fn in saved.items():
+                setattr(protocol, name, fn)
 
 
-class Driver:
-    def __init__(self, world: World, order: tuple[int, ...], rules: Rules, tell_committed: bool) -> None:
+OPTIONS = KafkaSinkOptions.parse({"kafka.bootstrap.servers": "model:9092", "link": LINK, "arbitrationTable": "model",
+                                  "checkpointLocation": "model", "phase2Parallelism": "1"})
+
+
+class ModelXA:
+    """The XA resource port over the model broker. Every end is a step (a crash point)."""
+
+    def __init__(self, world: World, order: tuple[int, ...]) -> None:
         self.w = world
         self.order = order
-        self.rules = rules
-        self.tell_committed = tell_committed
 
-    def _open(self) -> list[Branch]:
-        return [b for b in self.w.broker.list_open(PREFIX)
-                if xid.parse_transactional_id(LINK, b.transactional_id) is not None]
+    def transaction_protocol(self) -> int:
+        return 2
 
-    def start(self) -> int:
-        """Recovery at query start; returns the newest decided epoch."""
-        sct = max(self.w.ckpt.commits, default=-1)
-        decisions = dict(self.w.arb.rows)
-        committed = None
-        if self.tell_committed:
-            committed = {b for e, bs in decisions.items() if e > sct for b in bs if self.w.broker.ended.get(b) is True}
-        self.carry_out(self.rules.recover(sct, decisions, self._open(), committed, link=LINK))
-        return max(decisions, default=-1)
+    def broker_max_timeout_ms(self) -> int:
+        return 1 << 40
 
-    def commit(self, epoch: int, messages: list[Branch | None]) -> None:
-        prepared = [m for m in messages if m is not None]
-        self.carry_out(self.rules.decide_epoch(epoch, self.w.arb.rows.get(epoch), prepared, self._open()))
+    def missing_topics(self, topics) -> list[str]:
+        return []
 
-    def abort(self, epoch: int, messages: list[Branch | None]) -> None:
-        reported = [m for m in messages if m is not None]
-        self.carry_out(self.rules.abort_epoch(epoch, self.w.arb.rows.get(epoch), self._open(), reported))
+    def commit(self, handle: BranchHandle) -> EndResult:
+        return self.end_all([handle], True)[0]
 
-    def carry_out(self, actions: list) -> None:
-        commits = [a for a in actions if isinstance(a, CommitBranch)]
-        rank = sorted(range(len(commits)), key=lambda i: self.order[i] if i < len(self.order) else i)
-        permuted = iter([commits[i] for i in rank])
-        for a in [next(permuted) if isinstance(a, CommitBranch) else a for a in actions]:
-            if isinstance(a, WriteDecision):
-                self.w.step(f"decide e{a.epoch}")
-                standing = self.w.arb.decide(a.epoch, a.branches)
-                assert standing == a.branches, "one decider in the model: a fresh decision always wins"
-            elif isinstance(a, CommitBranch):
-                self.w.step(f"commit {a.branch.transactional_id}/{a.branch.producer_epoch} e{a.epoch}")
-                if self.w.broker.end_txn(a.branch, True) != "committed":
-                    raise QueryFailed(protocol.lost_branch_reason(LINK, a.epoch, a.branch))
-            elif isinstance(a, RollbackBranch):
-                self.w.step(f"rollback {a.branch.transactional_id}/{a.branch.producer_epoch}")
-                if self.w.broker.end_txn(a.branch, False) == "heuristic_commit":
-                    raise QueryFailed(f"rolled back a committed branch {a.branch}")
-            elif isinstance(a, Fail):
-                raise QueryFailed(a.reason)
-            else:
-                raise AssertionError(f"unknown action {a!r}")
+    def rollback(self, handle: BranchHandle) -> EndResult:
+        return self.end_all([handle], False)[0]
+
+    def end_all(self, handles, commit: bool, parallelism: int = 8) -> list[EndResult]:
+        handles = list(handles)
+        # Phase-2 commits may run in any order: the schedule's order permutes them.
+        rank = sorted(range(len(handles)), key=lambda i: self.order[i] if commit and i < len(self.order) else i)
+        results: dict[int, EndResult] = {}
+        for i in rank:
+            b = Branch.of(handles[i])
+            self.w.step(f"{'commit' if commit else 'rollback'} {b.transactional_id}/{b.producer_epoch}")
+            outcome = self.w.broker.end_txn(b, commit)
+            if not commit and outcome == "heuristic_commit":
+                raise QueryFailed(f"rolled back a committed branch {b}")
+            results[i] = EndResult(handles[i], EndOutcome(outcome))
+        return [results[i] for i in range(len(handles))]
+
+    def recover(self, prefix: str) -> list[OpenTransaction]:
+        return [OpenTransaction(b.transactional_id, b.producer_id, b.producer_epoch, "Ongoing", 0, 0)
+                for b in self.w.broker.list_open(prefix)]
+
+    def how_ended(self, handle: BranchHandle) -> str:
+        return "unknown"
+
+    def close(self) -> None:
+        pass
+
+
+class ModelStore:
+    """The arbitration store port over the model table: claim and decide are steps (crash points)."""
+
+    def __init__(self, world: World) -> None:
+        self.w = world
+
+    def claim(self, link: str, owner: str, *, takeover: bool = False) -> Ownership:
+        self.w.step("claim")
+        current = self.w.arb.owner
+        self.w.arb.owner = Ownership(owner, (current.generation if current else 0) + 1)
+        return self.w.arb.owner
+
+    def ownership(self, link: str) -> Ownership | None:
+        return self.w.arb.owner
+
+    def decide(self, record: ArbitrationRecord, generation: int) -> Decision:
+        self.w.step(f"decide e{record.epoch}")
+        if self.w.arb.owner is None or self.w.arb.owner.generation != generation:
+            raise StaleOwnerError(f"generation {generation} superseded")
+        branches = tuple(Branch.of(BranchHandle.from_json(j)) for j in record.branches)
+        won = record.epoch not in self.w.arb.rows
+        standing = self.w.arb.decide(record.epoch, branches, record)
+        return Decision(standing, won)
+
+    def get(self, link: str, epoch: int) -> ArbitrationRecord | None:
+        return self.w.arb.records.get(epoch)
+
+    def records(self, link: str) -> list[ArbitrationRecord]:
+        return [self.w.arb.records[e] for e in sorted(self.w.arb.records)]
+
+    def latest_epoch(self, link: str) -> int | None:
+        return max(self.w.arb.rows, default=None)
+
+    def cleanup(self, link: str, retain_epochs: int) -> int:
+        return 0
+
+    def check_link(self, link: str) -> None:
+        pass
+
+    def size(self) -> tuple[int, int]:
+        return len(self.w.arb.rows), 0
+
+
+class ModelCheckpoint:
+    """The checkpoint port over the model's commit log."""
+
+    def __init__(self, world: World) -> None:
+        self.w = world
+
+    def committed_through(self) -> int:
+        return max(self.w.ckpt.commits, default=-1)
+
+    def query_id(self) -> str:
+        return "model-query"
 
 
 # -- Spark: the query and its tasks ----------------------------------------------------------------
@@ -270,11 +351,12 @@ VARIANTS = [
 ]
 
 
-def run_task(w: World, rules: Rules, epoch: int, task: int, attempt: int, newest: int,
-             fault: str | None) -> Branch | None:
+def run_task(w: World, rules: Rules, epoch: int, task: int, attempt: int, started: tuple[int, int],
+             fault: str | None) -> BranchHandle | None:
+    generation, newest = started
     if rules.skip_task(epoch, newest):
         return None  # read-only: the decided epoch's records are in its recorded branches
-    tid = xid.transactional_id(LINK, 1, task, attempt)
+    tid = xid.transactional_id(LINK, generation, task, attempt)
     w.step(f"e{epoch} t{task}.{attempt} init")
     b = w.broker.init_producer(tid)
     for i in range(RECORDS):
@@ -282,43 +364,50 @@ def run_task(w: World, rules: Rules, epoch: int, task: int, attempt: int, newest
         w.broker.write(b, (epoch, task, i), epoch)
         if fault == "die":
             raise TaskDied()
-    return b  # prepared: flushed inside the open transaction; the handle is the commit message
+    # prepared: flushed inside the open transaction; the handle is the commit message
+    return BranchHandle(b.transactional_id, b.producer_id, b.producer_epoch, RECORDS)
 
 
-def run_query(w: World, variant: Variant, run: int, order: tuple[int, ...], rules: Rules, tell_committed: bool) -> str:
-    driver = Driver(w, order, rules, tell_committed)
-    newest = driver.start()
-    ckpt = w.ckpt
-    committed_through = max(ckpt.commits, default=-1)
-    latest = max(ckpt.offsets, default=-1)
-    epoch = latest if latest > committed_through else committed_through + 1
-    while epoch < EPOCHS:
-        if epoch not in ckpt.offsets:
-            w.step(f"offsets e{epoch}")
-            ckpt.offsets.add(epoch)
-        messages: list[Branch | None] = []
-        for task in range(TASKS):
-            attempt = 0
-            while True:
-                fault = variant.fault(run, epoch, task, attempt)
-                try:
-                    m = run_task(w, rules, epoch, task, attempt, newest, fault)
-                except TaskDied:
-                    attempt += 1
-                    if attempt == MAX_ATTEMPTS:
-                        driver.abort(epoch, messages)
-                        return "aborted"
-                    continue
-                if fault == "lost":  # executor lost after the prepare: Spark runs the task again
-                    attempt += 1
-                    continue
-                messages.append(m)
-                break
-        driver.commit(epoch, messages)
-        w.step(f"commit log e{epoch}")
-        ckpt.commits.add(epoch)
-        epoch += 1
-    return "done"
+def run_query(w: World, variant: Variant, run: int, order: tuple[int, ...], rules: Rules) -> str:
+    """One run of the query: the real Committer's start, then epochs until done or aborted."""
+    committer = rules.committer(OPTIONS, store=ModelStore(w), xa=ModelXA(w, order), checkpoint=ModelCheckpoint(w))
+    try:
+        ownership, newest = committer.start()
+        started = (ownership.generation, newest)
+        ckpt = w.ckpt
+        committed_through = max(ckpt.commits, default=-1)
+        latest = max(ckpt.offsets, default=-1)
+        epoch = latest if latest > committed_through else committed_through + 1
+        while epoch < EPOCHS:
+            if epoch not in ckpt.offsets:
+                w.step(f"offsets e{epoch}")
+                ckpt.offsets.add(epoch)
+            messages: list[BranchHandle] = []
+            for task in range(TASKS):
+                attempt = 0
+                while True:
+                    fault = variant.fault(run, epoch, task, attempt)
+                    try:
+                        m = run_task(w, rules, epoch, task, attempt, started, fault)
+                    except TaskDied:
+                        attempt += 1
+                        if attempt == MAX_ATTEMPTS:
+                            committer.abort(epoch, ownership.generation, messages)
+                            return "aborted"
+                        continue
+                    if fault == "lost":  # executor lost after the prepare: Spark runs the task again
+                        attempt += 1
+                        continue
+                    if m is not None:
+                        messages.append(m)
+                    break
+            committer.commit(epoch, ownership.generation, messages)
+            w.step(f"commit log e{epoch}")
+            ckpt.commits.add(epoch)
+            epoch += 1
+        return "done"
+    except DecidedBranchLostError as exc:
+        raise QueryFailed(str(exc)) from exc
 
 
 # -- invariants ----------------------------------------------------------------------------------
@@ -374,16 +463,22 @@ class Outcome:
 
 
 def simulate(variant: Variant, order: tuple[int, ...], crash_plan: tuple[int, ...] = (), rules: Rules | None = None,
-             tell_committed: bool = True, between_runs: Callable[[World], None] | None = None) -> Outcome:
+             between_runs: Callable[[World], None] | None = None) -> Outcome:
     """Runs the query, restarting after every crash or abort, until it finishes or fails."""
     rules = rules or Rules()
+    with rules.installed():
+        return _simulate(variant, order, crash_plan, rules, between_runs)
+
+
+def _simulate(variant: Variant, order: tuple[int, ...], crash_plan: tuple[int, ...], rules: Rules,
+              between_runs: Callable[[World], None] | None) -> Outcome:
     w = World(crash_plan)
     violations: list[str] = []
     for run in range(MAX_RUNS):
         if run and between_runs:
             between_runs(w)
         try:
-            status = run_query(w, variant, run, order, rules, tell_committed)
+            status = run_query(w, variant, run, order, rules)
         except Crash as crash:
             violations += [f"at crash before '{crash}': {v}" for v in check_safety(w)]
             w.crashed()
@@ -437,14 +532,11 @@ def test_exhaustive_crash_schedules_keep_the_invariants():
     for variant in VARIANTS:
         n = 0
         for order in ORDERS:
-            count, found = explore(variant, order, depth=2, tell_committed=True)
+            count, found = explore(variant, order, depth=2)
             assert not found, f"{variant.name} order {order}: {found[:5]}"
             n += count
-        # and once per variant with the caller unable to tell committed from lost (re-commit path)
-        count, found = explore(variant, ORDERS[-1], depth=2, tell_committed=False)
-        assert not found, f"{variant.name} without committed info: {found[:5]}"
-        per_variant[variant.name] = n + count
-        total += n + count
+        per_variant[variant.name] = n
+        total += n
     elapsed = time.monotonic() - t0
     print(f"\nmodel check: {total} schedules in {elapsed:.1f}s; per variant {per_variant}")
     # floor: a clean run is 30 steps, so each order gives 31 single-crash plans and ~31 x 30
@@ -460,7 +552,7 @@ def test_no_crash_run_shape():
     w = out.world
     assert sorted(w.arb.rows) == [0, 1] and all(len(bs) == TASKS for bs in w.arb.rows.values())
     assert w.broker.log and not w.broker.open
-    assert w.trace[:2] == ["offsets e0", "e0 t0.0 init"]
+    assert w.trace[:3] == ["claim", "offsets e0", "e0 t0.0 init"]  # the start claims the link first
     assert w.segment_steps[0] >= 30
 
 
@@ -475,8 +567,7 @@ def test_the_lost_result_branch_is_rolled_back_not_committed():
 # -- the decided-but-expired hazard ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("tell_committed", [True, False])
-def test_expired_decided_branch_fails_naming_link_epoch_and_branch(tell_committed):
+def test_expired_decided_branch_fails_naming_link_epoch_and_branch():
     clean = simulate(VARIANTS[0], ORDERS[0])
     crash_at = clean.world.trace.index("decide e0") + 2  # decided, one branch committed, then crash
     expired: list[Branch] = []
@@ -487,7 +578,7 @@ def test_expired_decided_branch_fails_naming_link_epoch_and_branch(tell_committe
             w.broker.expire(victim.transactional_id)
             expired.append(victim)
 
-    out = simulate(VARIANTS[0], ORDERS[0], (crash_at,), tell_committed=tell_committed, between_runs=expire_one)
+    out = simulate(VARIANTS[0], ORDERS[0], (crash_at,), between_runs=expire_one)
     assert len(out.violations) == 1, out.violations
     msg = out.violations[0]
     assert msg.startswith("query failed: ")
@@ -496,6 +587,9 @@ def test_expired_decided_branch_fails_naming_link_epoch_and_branch(tell_committe
 
 
 # -- mutants: the checker must catch broken rules ------------------------------------------------------
+
+#: The real rules, for mutants to wrap (while a mutant is installed, ``protocol.*`` is the mutant).
+_RECOVER, _DECIDE_EPOCH = protocol.recover, protocol.decide_epoch
 
 
 def _recover_rolls_back_decided(sct, decisions, open_branches, committed=None, *, link=""):
@@ -507,32 +601,34 @@ def _recover_commits_every_open_branch(sct, decisions, open_branches, committed=
 
 
 def _recover_ignores_lost_decided(sct, decisions, open_branches, committed=None, *, link=""):
-    return [a for a in protocol.recover(sct, decisions, open_branches, committed, link=link)
+    return [a for a in _RECOVER(sct, decisions, open_branches, committed, link=link)
             if not isinstance(a, Fail)]
 
 
-def _decide_commits_before_the_decision(epoch, recorded, prepared, open_branches):
-    actions = protocol.decide_epoch(epoch, recorded, prepared, open_branches)
-    decision = [a for a in actions if isinstance(a, WriteDecision)]
-    return [a for a in actions if not isinstance(a, WriteDecision)] + decision
+class _CommitsBeforeDeciding(Committer):
+    """An interpreter that runs phase 2 before the last agent's decision."""
+
+    def commit(self, epoch, generation, handles, data=None):
+        known = {Branch.of(h): h for h in handles}
+        self._carry_out([CommitBranch(b, epoch) for b in known], known)
+        return super().commit(epoch, generation, handles, data)
 
 
-def _decide_keeps_stale_attempts(epoch, recorded, prepared, open_branches):
-    return [a for a in protocol.decide_epoch(epoch, recorded, prepared, open_branches)
-            if not isinstance(a, RollbackBranch)]
+def _sweep_keeps_stale_attempts(recorded, open_branches):
+    return []
 
 
 def _decide_ignores_the_record(epoch, recorded, prepared, open_branches):
     # treats a re-run of a decided epoch as fresh: commits the new attempts without a record
-    return protocol.decide_epoch(epoch, None, prepared, open_branches)[1:] if recorded is not None else \
-        protocol.decide_epoch(epoch, None, prepared, open_branches)
+    return _DECIDE_EPOCH(epoch, None, prepared, open_branches)[1:] if recorded is not None else \
+        _DECIDE_EPOCH(epoch, None, prepared, open_branches)
 
 
 @pytest.mark.parametrize("name, rules, variant", [
     ("recover rolls back decided branches", Rules(recover=_recover_rolls_back_decided), VARIANTS[0]),
     ("recover commits undecided branches", Rules(recover=_recover_commits_every_open_branch), VARIANTS[0]),
-    ("decide commits before the decision", Rules(decide_epoch=_decide_commits_before_the_decision), VARIANTS[0]),
-    ("decide leaves stale attempts open", Rules(decide_epoch=_decide_keeps_stale_attempts), VARIANTS[2]),
+    ("phase 2 before the decision", Rules(committer=_CommitsBeforeDeciding), VARIANTS[0]),
+    ("sweep leaves stale attempts open", Rules(sweep=_sweep_keeps_stale_attempts), VARIANTS[2]),
     ("re-run decided epoch writes and commits again",
      Rules(decide_epoch=_decide_ignores_the_record, skip_task=lambda epoch, newest: False), VARIANTS[0]),
 ])
