@@ -10,7 +10,7 @@ PYTEST    := $(PYTHON) -m pytest
 SOURCES   := $(shell find connector sources sinks -name '*.py' 2>/dev/null) pyproject.toml
 LOG       := .cache/setup.log
 
-.PHONY: setup run test test-unit test-integration test-chaos kafka-up kafka-down bench clean docs
+.PHONY: setup run test test-unit test-integration test-chaos lint kafka-up kafka-down bench clean docs
 
 setup: $(VENV)/.installed .cache/kafka/jars/.complete .cache/spark/jars/.complete
 
@@ -44,8 +44,13 @@ kafka-down:
 run: setup kafka-up
 	@$(PYTHON) -m lastagent.demo
 
-test: setup
+test: setup lint
 	$(PYTEST) tests
+
+# Zero findings: ruff on the tree, mypy on the package as installed (py.typed).
+lint: setup
+	$(PYTHON) -m ruff check connector sources sinks tests bench dev
+	$(PYTHON) -m mypy -p lastagent
 
 test-unit: setup
 	$(PYTEST) tests/unit -m unit

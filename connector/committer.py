@@ -193,7 +193,7 @@ class Committer:
             for h in map(BranchHandle.from_json, r.branches):
                 if Branch.of(h) in open_now or h.read_only:
                     continue
-                if self.xa.how_ended(h) == "aborted":
+                if self._xa().how_ended(h) == "aborted":
                     out.append({"epoch": r.epoch, "transactional_id": h.transactional_id, "producer_id": h.producer_id,
                                 "producer_epoch": h.producer_epoch, "records": h.records,
                                 "reason": protocol.lost_branch_reason(self.link, r.epoch, Branch.of(h),
@@ -284,17 +284,22 @@ class Committer:
         self._carry_out(protocol.abort_epoch(epoch, recorded, [Branch.of(t) for t in open_now],
                                              [Branch.of(h) for h in reported]), known)
 
+    def _xa(self) -> XAResource:
+        if self.xa is None:
+            raise LastAgentError(f"link {self.link!r}: a Kafka branch to end, but the link has no Kafka options")
+        return self.xa
+
     def _carry_out(self, actions: Sequence[protocol.Action], handles: dict[Branch, BranchHandle]) -> None:
         """Carries out branch actions: commits (in parallel), then rollbacks, then any failure."""
         commits = [a for a in actions if isinstance(a, CommitBranch)]
         if commits:
-            results = self.xa.end_all([handles[a.branch] for a in commits], commit=True,
+            results = self._xa().end_all([handles[a.branch] for a in commits], commit=True,
                                       parallelism=self.options.phase2_parallelism)
             self._require_committed(results, {a.branch: a.epoch for a in commits})
         rollbacks = [handles[a.branch] for a in actions if isinstance(a, RollbackBranch)]
         if rollbacks:
             log.info("link %s: rolling back %d branch(es) no decision covers", self.link, len(rollbacks))
-            self.xa.end_all(rollbacks, commit=False, parallelism=self.options.phase2_parallelism)
+            self._xa().end_all(rollbacks, commit=False, parallelism=self.options.phase2_parallelism)
         for a in actions:
             if isinstance(a, protocol.Fail):
                 raise DecidedBranchLostError(a.reason)

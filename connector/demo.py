@@ -23,8 +23,12 @@ import sys
 import tempfile
 import time
 import uuid
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Producer
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 ROWS_PER_TXN = 1000
 
@@ -67,7 +71,7 @@ def source_act(bootstrap: str, workdir: str) -> tuple[bool, str]:
     spark.sparkContext.setLogLevel("ERROR")
     table, ckpt = os.path.join(workdir, "orders"), os.path.join(workdir, "checkpoint-source")
 
-    def start(trigger: dict[str, bool | str]):  # noqa: ANN202
+    def start(trigger: dict[str, Any]):  # noqa: ANN202
         df = (spark.readStream.format("lastagent-kafka")
               .option("kafka.bootstrap.servers", bootstrap)
               .option("subscribe", topic)
@@ -186,14 +190,14 @@ def _killed_then_restarted(act: str, mode: str, args: list[str], crash_state: st
     return code == 0
 
 
-def _read_committed(bootstrap: str, topic: str, expect: int, timeout_s: float = 60.0) -> list[bytes]:
+def _read_committed(bootstrap: str, topic: str, expect: int, timeout_s: float = 60.0) -> list[bytes | None]:
     from confluent_kafka import Consumer
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"demo-verify-{uuid.uuid4().hex[:6]}",
                          "isolation.level": "read_committed", "auto.offset.reset": "earliest",
                          "enable.auto.commit": False})
     consumer.subscribe([topic])
-    values: list[bytes] = []
+    values: list[bytes | None] = []
     deadline = time.monotonic() + timeout_s
     idle_since = time.monotonic()
     while time.monotonic() < deadline:
@@ -251,7 +255,7 @@ def sink_driver(bootstrap: str, source: str, checkpoint: str, arbitration: str, 
     return 0
 
 
-def enrich(batch: "pa.RecordBatch") -> "pa.RecordBatch":
+def enrich(batch: pa.RecordBatch) -> pa.RecordBatch:
     """The demo's transformer (executors): ``order-<t>-<i>`` values get an amount; others are poison.
 
     Used as ``.option("transformer", "lastagent.demo:enrich")``; a record it rejects goes to the

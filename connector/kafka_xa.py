@@ -20,7 +20,7 @@ import enum
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -164,7 +164,7 @@ class BranchWriter:
         # Delivery reports for failures only: a Python callback per delivered record costs more
         # than the produce() call itself, and success is what flush() already tells us.
         config.update({"delivery.report.only.error": True, "on_delivery": self._on_delivery})
-        self._producer = Producer(config)
+        self._producer: Any = Producer(config)  # None once released
         # init_transactions fences any older producer of this id and aborts its open
         # transaction: the id scheme guarantees no decided branch still holds this id.
         self._producer.init_transactions(init_timeout_s)
@@ -176,7 +176,7 @@ class BranchWriter:
             self._errors.append(f"{msg.topic()}[{msg.partition()}]: {err}")
 
     def send(self, topic: str, value: bytes | None, key: bytes | None = None,
-             headers: list[tuple[str, bytes | None]] | None = None, partition: int | None = None) -> None:
+             headers: Sequence[tuple[str, str | bytes | None]] | None = None, partition: int | None = None) -> None:
         """Adds one record to the branch; blocks briefly when the local queue is full. Hot path."""
         produce = self._producer.produce
         part = -1 if partition is None else partition  # -1: the configured partitioner decides

@@ -192,6 +192,7 @@ class TargetTableStore:
         from deltalake import Schema
         from deltalake.transaction import create_table_with_add_actions
 
+        assert self.fallback_schema_json is not None, "only called when the schema is known"
         try:
             create_table_with_add_actions(self.path, Schema.from_json(self.fallback_schema_json), [], mode="ignore",
                                           partition_by=list(self.partition_by) or None)

@@ -227,6 +227,7 @@ class DeltaStreamWriter(DataSourceStreamArrowWriter):
 
         started = require_started(self.started)
         ctx = TaskContext.get()
+        assert ctx is not None, "write() runs in a Spark task"
         epoch = task_epoch(ctx)
         partition, attempt = ctx.partitionId(), ctx.attemptNumber()
         if protocol.skip_task(epoch, started.decided_through):

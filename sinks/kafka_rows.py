@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, StructType
 
@@ -78,7 +79,7 @@ def check_schema(schema: StructType, topic_option: str | None) -> SinkColumns:
     return SinkColumns("key" in names, "topic" in names, "partition" in names, "headers" in names)
 
 
-def _bytes_of(column: "object") -> list[bytes | None]:
+def _bytes_of(column: Any) -> list[bytes | None]:
     """A string or binary Arrow column as Python bytes; strings are reinterpreted, not encoded
     one by one (Arrow's strings are UTF-8 already)."""
     import pyarrow as pa
@@ -98,7 +99,7 @@ def simple_columns(batch: "object") -> tuple[list[bytes | None], list[bytes | No
     assert isinstance(batch, pa.RecordBatch)
     cols = {name.lower(): batch.column(i) for i, name in enumerate(batch.schema.names)}
     values = _bytes_of(cols["value"])
-    keys = _bytes_of(cols["key"]) if "key" in cols else [None] * batch.num_rows
+    keys: list[bytes | None] = _bytes_of(cols["key"]) if "key" in cols else [None] * batch.num_rows
     return keys, values
 
 

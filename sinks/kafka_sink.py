@@ -133,6 +133,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
 
         started = require_started(self.started)
         ctx = TaskContext.get()
+        assert ctx is not None, "write() runs in a Spark task"
         epoch = task_epoch(ctx)
         partition, attempt = ctx.partitionId(), ctx.attemptNumber()
         if protocol.skip_task(epoch, started.decided_through):
@@ -147,7 +148,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
             cols, topic = self.columns, self.options.topic
             simple = topic is not None and not (cols.has_partition or cols.has_headers)
             for batch in iterator:
-                if simple:
+                if simple and topic is not None:
                     keys, values = simple_columns(batch)
                     writer.send_many(topic, keys, values)
                 else:

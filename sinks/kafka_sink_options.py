@@ -29,7 +29,8 @@ DEFAULT_TRANSACTION_TIMEOUT_MS = 900_000
 SINK_OPTIONS: dict[str, tuple[str | None, str]] = {
     "kafka.bootstrap.servers": (None, "Kafka bootstrap servers, host:port[,host:port]."),
     "link": (None, "Stable name of this link (query). Names its transactional ids and its arbitration "
-                   "records; renaming it breaks recovery. Letters, digits, '.', '_' and '-', at most 44 (so the XA gtrid '<link>:<epoch>' fits 64 bytes)."),
+                   "records; renaming it breaks recovery. Letters, digits, '.', '_' and '-', at most 44 "
+                   "(so the XA gtrid '<link>:<epoch>' fits 64 bytes)."),
     "arbitrationTable": (None, "Path of the Delta table that holds the arbitration record of every decided "
                                "epoch (created on first use; readable with spark.read.format('delta'))."),
     "topic": ("", "Topic for every row; overrides the 'topic' column, as in Spark's kafka sink."),

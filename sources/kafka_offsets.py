@@ -21,6 +21,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from lastagent.errors import DataLossError, KafkaProtocolError, OptionError
 from lastagent.sources.kafka_source_options import KafkaSourceOptions
@@ -129,8 +130,8 @@ def check_loss(start: Mapping[TP, int], earliest: Mapping[TP, int], fail: bool) 
 
 
 def _kafka_error(e: Exception) -> str:
-    err = e.args[0] if e.args else None
-    return err.str() if hasattr(err, "str") else str(e)
+    err: Any = e.args[0] if e.args else None
+    return str(err.str()) if hasattr(err, "str") else str(e)
 
 
 class OffsetReader:
@@ -202,7 +203,7 @@ class OffsetReader:
                                                 f"(topic {t!r} has {topics.get(t, 0)} partition(s))")
         return out
 
-    def _list_offsets(self, specs: Mapping[TP, object]) -> dict[TP, int]:
+    def _list_offsets(self, specs: Mapping[TP, Any]) -> dict[TP, int]:
         from confluent_kafka import IsolationLevel, TopicPartition
 
         if not specs:
@@ -230,11 +231,17 @@ class OffsetReader:
 
         return self._list_offsets({tp: OffsetSpec.for_timestamp(ts) for tp, ts in stamps.items()})
 
+    def _group(self) -> str:
+        group = self.options.group_id
+        if group is None:
+            raise OptionError("kafka.group.id", "is needed for group offsets; set it")
+        return group
+
     def group_offsets(self, tps: Iterable[TP]) -> dict[TP, int]:
         """Offsets committed for ``kafka.group.id``; partitions without one are absent."""
         from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 
-        group = self.options.group_id
+        group = self._group()
         request = [ConsumerGroupTopicPartitions(group, [TopicPartition(t, p) for t, p in tps])]
         result = self._wait(self.admin.list_consumer_group_offsets(request, request_timeout=self.timeout),
                             "fetch group offsets")[group]
@@ -244,7 +251,7 @@ class OffsetReader:
         """Commits offsets to ``kafka.group.id`` (for lag tools; correctness never reads them)."""
         from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 
-        group = self.options.group_id
+        group = self._group()
         request = [ConsumerGroupTopicPartitions(group, [TopicPartition(t, p, o) for (t, p), o in offsets.items()])]
         self._wait(self.admin.alter_consumer_group_offsets(request, request_timeout=self.timeout),
                    "commit group offsets")

@@ -194,8 +194,8 @@ class FailedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _raise(self, *_: Any) -> Any:
         raise self.error
 
-    initialOffset = latestOffset = getDefaultReadLimit = prepareForTriggerAvailableNow = _raise  # noqa: N815
-    reportLatestOffset = partitions = read = commit = _raise  # noqa: N815
+    initialOffset = latestOffset = getDefaultReadLimit = prepareForTriggerAvailableNow = _raise  # type: ignore[assignment]  # noqa: N815
+    reportLatestOffset = partitions = read = commit = _raise  # type: ignore[assignment]  # noqa: N815
 
     def stop(self) -> None:
         return None
@@ -270,6 +270,7 @@ def _by_timestamp(offsets: OffsetReader, o: KafkaSourceOptions, tps: list[TP], e
     else:
         name = f"{end}Timestamp"
         one = o.starting_timestamp if end == "starting" else o.ending_timestamp
+        assert one is not None, f"{name} is set when no {end}OffsetsByTimestamp is"
         stamps = {tp: one for tp in tps}
     found = offsets.by_timestamp(stamps)
     none = [tp for tp, off in found.items() if off < 0]
@@ -293,7 +294,7 @@ class KafkaBatchReader(DataSourceReader):
     def __init__(self, options: KafkaSourceOptions) -> None:
         self.options = options
 
-    def partitions(self) -> list[KafkaInputPartition]:  # type: ignore[override]
+    def partitions(self) -> list[KafkaInputPartition]:
         """Driver: resolves both ends now and cuts the offset ranges into Spark partitions."""
         reader = OffsetReader(self.options)
         tps = reader.partitions(must_exist=True)
@@ -308,7 +309,7 @@ class KafkaBatchReader(DataSourceReader):
         log.info("batch read of %d offset range(s), %d records at most", len(ranges), sum(r.size for r in ranges))
         return [KafkaInputPartition(r, self.options) for r in ranges]
 
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Executor: the records of one offset range as Arrow record batches."""
         if not isinstance(partition, KafkaInputPartition):
             # Nothing to read: pyspark plans one InputPartition(None) in place of an empty list.

@@ -131,13 +131,14 @@ def _ending(opts: Mapping[str, str], batch: bool) -> tuple[str | dict[str, dict[
     if given and not batch:
         raise OptionError(given[0], "is for batch reads (spark.read) only; a streaming query reads until it is "
                                     "stopped (use trigger(availableNow=True) to stop at the offsets available now)")
-    ending: str | dict[str, dict[int, int]] = str(opts.get("endingoffsets", "latest")).strip()
-    if ending.lower() == "latest":
+    ending_text = str(opts.get("endingoffsets", "latest")).strip()
+    ending: str | dict[str, dict[int, int]] = ending_text
+    if ending_text.lower() == "latest":
         ending = "latest"
     else:
         example = '{"topicA":{"0":23,"1":-1}}'
-        if not ending.startswith("{"):
-            raise OptionError("endingOffsets", f"{ending!r} is not valid; give latest or JSON such as {example}")
+        if not ending_text.startswith("{"):
+            raise OptionError("endingOffsets", f"{ending_text!r} is not valid; give latest or JSON such as {example}")
         ending = _partition_map(_json(opts, "endingOffsets", example), "endingOffsets", example)
         if any(v < LATEST for parts in ending.values() for v in parts.values()):
             raise OptionError("endingOffsets", "offsets must be >= 0, or -1 (latest); earliest (-2) would read "
@@ -254,16 +255,16 @@ class KafkaSourceOptions:
                 raise OptionError("assign", 'must be a JSON object of topic to partition list, e.g. {"topicA":[0,1]}')
             assign = {t: tuple(sorted(set(ps))) for t, ps in raw.items()}
 
-        starting: str | dict[str, dict[int, int]] = str(
-            opts.get("startingoffsets", "earliest" if batch else "latest")).strip()
-        if starting.lower() in ("earliest", "latest", "group"):
-            starting = starting.lower()
+        starting_text = str(opts.get("startingoffsets", "earliest" if batch else "latest")).strip()
+        starting: str | dict[str, dict[int, int]] = starting_text
+        if starting_text.lower() in ("earliest", "latest", "group"):
+            starting = starting_text.lower()
             if starting == "group" and not opts.get("kafka.group.id", "").strip():
                 raise OptionError("startingOffsets", "'group' needs 'kafka.group.id' (the group whose offsets to use)")
         else:
             example = '{"topicA":{"0":23,"1":-2}}'
-            if not starting.startswith("{"):
-                raise OptionError("startingOffsets", f"{starting!r} is not valid; give earliest, latest, group or "
+            if not starting_text.startswith("{"):
+                raise OptionError("startingOffsets", f"{starting_text!r} is not valid; give earliest, latest, group or "
                                                      f"JSON such as {example}")
             starting = _partition_map(_json(opts, "startingOffsets", example), "startingOffsets", example)
             if any(v < -2 for parts in starting.values() for v in parts.values()):

@@ -37,7 +37,7 @@ def test_racing_deciders_exactly_one_wins(store):
         barrier = threading.Barrier(2)
         results = {}
 
-        def decide(name: str) -> None:
+        def decide(name: str, barrier=barrier, results=results, epoch=epoch) -> None:
             barrier.wait()
             results[name] = store.decide(_rec(epoch, name), 1)
 
@@ -105,7 +105,7 @@ def test_racing_deciders_exactly_one_wins_on_every_store(any_store):
         barrier = threading.Barrier(2)
         results = {}
 
-        def decide(name: str) -> None:
+        def decide(name: str, barrier=barrier, results=results, epoch=epoch) -> None:
             barrier.wait()
             results[name] = any_store.decide(_rec(epoch, name), generation)
 
@@ -148,14 +148,14 @@ def test_claim_racing_a_decision_leaves_no_decision_of_the_old_generation(tmp_pa
         barrier = threading.Barrier(2)
         outcome = {}
 
-        def decide() -> None:
+        def decide(barrier=barrier, outcome=outcome, epoch=epoch, old=old) -> None:
             barrier.wait()
             try:
                 outcome["decide"] = store.decide(_rec(epoch, f"b{epoch}"), old.generation)
             except StaleOwnerError as exc:
                 outcome["decide"] = exc
 
-        def claim() -> None:
+        def claim(barrier=barrier, outcome=outcome) -> None:
             barrier.wait()
             outcome["claim"] = store.claim("orders", "q")
 
