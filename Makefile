@@ -42,7 +42,7 @@ kafka-down:
 	@$(PY) dev/kafka_broker.py down
 
 run: setup kafka-up
-	@$(PYTHON) -m lastagent.demo
+	@$(PYTHON) dev/demo.py
 
 test: setup lint
 	$(PYTEST) tests

@@ -22,7 +22,7 @@ BASE = dbutils.widgets.get("base")  # noqa: F821
 # MAGIC %md
 # MAGIC A transformer is any importable `module:function` taking and returning a `pyarrow.RecordBatch`.
 # MAGIC It runs on executors; a record it rejects goes to the dead letters with the exception text.
-# MAGIC The demo's `lastagent.demo:enrich` adds an `amount` column to `order-<t>-<i>` values.
+# MAGIC The example `lastagent.examples:enrich` adds an `amount` column to `order-<t>-<i>` values.
 
 # COMMAND ----------
 
@@ -37,7 +37,7 @@ query = (
     .writeStream.format("lastagent-delta")
     .option("link", "payments-to-delta")                     # stable: recovery finds the link by it
     .option("checkpointLocation", f"{BASE}/checkpoints/payments-to-delta")
-    .option("transformer", "lastagent.demo:enrich")
+    .option("transformer", "lastagent.examples:enrich")
     .option("deadLetterTopic", "payments-dead-letters")      # then deadLetterTable, if set
     .option("sideTopics", "receipts")                        # every delivered row, as JSON
     .option("kafka.bootstrap.servers", BOOTSTRAP)

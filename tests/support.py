@@ -48,7 +48,7 @@ DAEMON_OFF = {"spark.python.use.daemon": "false"}
 
 def run_driver(mode: str, args: list[str], crash_at: str | None, state: Path, timeout: float = 300,
                master: str = "local[2]", conf: dict[str, str] | None = None) -> int:
-    """Runs ``python -m lastagent.demo <mode> <args>`` as a driver process; returns its exit code.
+    """Runs ``python -m lastagent.examples <mode> <args>`` as a driver process; returns its exit code.
 
     With ``crash_at`` (``point`` or ``point:n``) the driver SIGKILLs its own process group (driver,
     JVM, Python workers) at that protocol point; ``state`` counts how often points were reached
@@ -61,7 +61,10 @@ def run_driver(mode: str, args: list[str], crash_at: str | None, state: Path, ti
     if crash_at:
         env["LASTAGENT_CRASH_AT"] = crash_at
         env["LASTAGENT_CRASH_STATE"] = str(state)
-    proc = subprocess.Popen([sys.executable, "-m", "lastagent.demo", mode, *args], env=env,
+    # The crash hook (tests/crashhook) is on PYTHONPATH of the driver, its JVM and Spark's workers.
+    hook = str(Path(__file__).resolve().parent / "crashhook")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (hook, env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.Popen([sys.executable, "-m", "lastagent.examples", mode, *args], env=env,
                             start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=open(state.with_suffix(".log"), "ab"))
     try:

@@ -1,6 +1,6 @@
 """Crash matrix for the lastagent-delta sink: SIGKILL the driver at each named protocol point.
 
-The driver (``python -m lastagent.demo delta-driver``) reads a topic with ``lastagent-kafka``,
+The driver (``python -m lastagent.examples delta-driver``, with the crash hook) reads a topic with ``lastagent-kafka``,
 runs the demo transformer (poison records fail it) and writes ``lastagent-delta`` with a side
 topic and dead letters (a dead-letter table, or a topic), several epochs of two tasks each. The
 driver is killed at each point in turn, each time restarted from the checkpoint; at the end

@@ -175,7 +175,7 @@ def test_poison_records_go_to_dead_letters_in_the_same_epoch(spark, tmp_path, ka
     _produce(kafka_bootstrap, topic, values, headers=[("trace", b"t"), ("secret", b"s")])
     table, link = str(tmp_path / "out"), f"d-{uuid.uuid4().hex[:8]}"
     q = _kafka_to_delta(spark, kafka_bootstrap, topic, table, str(tmp_path / "ckpt"), link,
-                        transformer="lastagent.demo:enrich", deadLetterTopic=dlq, sideTopics=side,
+                        transformer="lastagent.examples:enrich", deadLetterTopic=dlq, sideTopics=side,
                         dropHeaders="secret")
     q.awaitTermination()
     out = spark.read.format("delta").load(table)
@@ -206,7 +206,7 @@ def test_without_dead_letter_topic_a_poison_record_fails_the_batch(spark, tmp_pa
     _produce(kafka_bootstrap, topic, [b"order-1-0", b"poison", b"order-1-2"])
     table = str(tmp_path / "out")
     q = _kafka_to_delta(spark, kafka_bootstrap, topic, table, str(tmp_path / "ckpt"), f"d-{uuid.uuid4().hex[:8]}",
-                        transformer="lastagent.demo:enrich")
+                        transformer="lastagent.examples:enrich")
     with pytest.raises(Exception) as err:
         q.awaitTermination()
     assert f"record {topic}-1@0 failed (transformer-failed" in str(err.value)
@@ -229,7 +229,7 @@ def test_dead_letter_chain_ends_in_a_delta_table(spark, tmp_path, kafka_bootstra
     table, dead = str(tmp_path / "out"), str(tmp_path / "dead")
     link = f"d-{uuid.uuid4().hex[:8]}"
     q = _kafka_to_delta(spark, kafka_bootstrap, topic, table, str(tmp_path / "ckpt"), link,
-                        transformer="lastagent.demo:enrich", deadLetterTable=dead)
+                        transformer="lastagent.examples:enrich", deadLetterTable=dead)
     q.awaitTermination()
     assert spark.read.format("delta").load(table).count() == 28
     rows = spark.read.format("delta").load(dead).collect()

@@ -5,11 +5,16 @@
 2. That Delta table → `lastagent-kafka` exactly-once sink → a topic, the driver SIGKILLed
    after its second decision and restarted; proof read by an independent read_committed
    consumer: rows in, rows out, duplicates 0, in doubt 0.
-3. Kafka with poison records → the demo transformer → `lastagent-delta`, with a dead-letter topic
+3. Kafka with poison records → the example transformer → `lastagent-delta`, with a dead-letter topic
    and a side topic in the same epoch, the driver SIGKILLed after its second Delta commit and
    restarted; proof read by Spark's Delta reader and read_committed consumers.
 
-Run: ``python -m lastagent.demo`` (driver). Needs a broker: ``make kafka-up`` starts one.
+The pipelines the demo kills and restarts are the examples in :mod:`lastagent.examples`, each run in
+a driver process of its own; the demo kills that process group from outside, as a lost machine
+would (no fault point in the connector is involved).
+
+Run: ``make run`` (or ``python dev/demo.py``; not part of the installed package, since it kills processes).
+Needs a broker: ``make kafka-up`` starts one.
 """
 
 from __future__ import annotations
@@ -23,12 +28,10 @@ import sys
 import tempfile
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from confluent_kafka import Producer
-
-if TYPE_CHECKING:
-    import pyarrow as pa
 
 ROWS_PER_TXN = 1000
 
@@ -119,7 +122,7 @@ def sink_act(bootstrap: str, workdir: str, table: str) -> bool:
     args = [bootstrap, table, os.path.join(workdir, "checkpoint-sink"), os.path.join(workdir, "arbitration"),
             "demo-shipments", topic]
     print(f"demo 2/3: Delta -> lastagent-kafka -> topic {topic}; the driver is SIGKILLed after its 2nd decision")
-    if not _killed_then_restarted("2/3", "sink-driver", args, os.path.join(workdir, "crash-count")):
+    if not _killed_then_restarted("2/3", "sink-driver", args, _newest_decided(args[3], "demo-shipments")):
         return False
     from deltalake import DeltaTable
 
@@ -157,7 +160,7 @@ def delta_act(bootstrap: str, workdir: str) -> bool:
           "Kafka -> lastagent-delta, SIGKILLed after its 2nd Delta commit")
     table = os.path.join(workdir, "payments")
     args = [bootstrap, topic, table, os.path.join(workdir, "checkpoint-delta"), "demo-payments", dlq, side, "4000"]
-    if not _killed_then_restarted("3/3", "delta-driver", args, os.path.join(workdir, "crash-count-delta")):
+    if not _killed_then_restarted("3/3", "delta-driver", args, _newest_decided(table, "demo-payments")):
         return False
     from lastagent.spark_session import local_session
 
@@ -177,17 +180,38 @@ def delta_act(bootstrap: str, workdir: str) -> bool:
     }, rows_out == good and len(dead) == len(poison) and len(receipts) == good)
 
 
-def _killed_then_restarted(act: str, mode: str, args: list[str], crash_state: str) -> bool:
-    """Runs a driver process that SIGKILLs itself after its 2nd decision, then restarts it; True if the restart ends well."""
-    env = dict(os.environ, LASTAGENT_CRASH_AT="after_arbitration:2", LASTAGENT_CRASH_STATE=crash_state)
-    command = [sys.executable, "-m", "lastagent.demo", mode, *args]
-    code = subprocess.run(command, env=env, start_new_session=True, stderr=subprocess.DEVNULL).returncode
-    print(f"demo {act}: driver exited with {code} ({'SIGKILL' if code == -signal.SIGKILL else 'no crash'}); restarting")
-    env.pop("LASTAGENT_CRASH_AT")
-    code = subprocess.run(command, env=env, start_new_session=True, stderr=subprocess.DEVNULL).returncode
+def _killed_then_restarted(act: str, pipeline: str, args: list[str], decided: Callable[[], int | None]) -> bool:
+    """Runs an example pipeline in a driver process of its own and SIGKILLs that process group (driver, JVM,
+    Python workers) from outside once ``decided()`` shows a second decided epoch, as a lost machine would;
+    then restarts it. True if the restart ends well."""
+    command = [sys.executable, "-m", "lastagent.examples", pipeline, *args]
+    proc = subprocess.Popen(command, start_new_session=True, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        newest = decided()
+        if newest is not None and newest >= 1:
+            os.killpg(proc.pid, signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    code = proc.wait(timeout=60)
+    print(f"demo {act}: driver exited with {code} ({'SIGKILL' if code == -signal.SIGKILL else 'no kill'}); restarting")
+    code = subprocess.run(command, start_new_session=True, stderr=subprocess.DEVNULL).returncode
     if code != 0:
         print(f"demo {act}: the restarted query failed with exit {code}")
     return code == 0
+
+
+def _newest_decided(path: str, link: str) -> Callable[[], int | None]:
+    """The link's newest decided epoch in a Delta table (the ``txn`` action), None while there is none."""
+    def read() -> int | None:
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            return DeltaTable(path).transaction_version(link)
+        except TableNotFoundError:
+            return None
+    return read
 
 
 def _read_committed(bootstrap: str, topic: str, expect: int, timeout_s: float = 60.0) -> list[bytes | None]:
@@ -219,97 +243,6 @@ def _proof(title: str, figures: dict[str, int], ok: bool) -> bool:
     return ok
 
 
-def _env_conf() -> dict[str, str]:
-    """Spark settings for a driver process from ``LASTAGENT_SPARK_CONF`` (``key=value;key=value``).
-
-    The tests run the drivers where users run them too, e.g. ``spark.python.use.daemon=false``.
-    """
-    pairs = [p.partition("=") for p in os.environ.get("LASTAGENT_SPARK_CONF", "").split(";") if p.strip()]
-    return {k.strip(): v.strip() for k, _, v in pairs}
-
-
-def sink_driver(bootstrap: str, source: str, checkpoint: str, arbitration: str, link: str, topic: str) -> int:
-    """A driver process for act 2 (and the crash tests): Delta table → lastagent-kafka."""
-    # Lead a process group so a fault point can kill this driver, its JVM and its workers.
-    os.environ["LASTAGENT_CRASH_PGID"] = str(os.getpgid(0))
-    from lastagent.spark_session import local_session
-
-    # LASTAGENT_SPARK_MASTER lets crash tests allow task retries, e.g. local[2,4].
-    spark = local_session("lastagent-sink-driver", master=os.environ.get("LASTAGENT_SPARK_MASTER", "local[2]"),
-                          extra_conf=_env_conf())
-    spark.sparkContext.setLogLevel("ERROR")
-    query = (
-        spark.readStream.format("delta").option("maxFilesPerTrigger", "1").load(source)
-        .selectExpr("key", "value")
-        .writeStream.format("lastagent-kafka")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("topic", topic)
-        .option("link", link)
-        .option("arbitrationTable", arbitration)
-        .option("checkpointLocation", checkpoint)
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    spark.stop()
-    return 0
-
-
-def enrich(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """The demo's transformer (executors): ``order-<t>-<i>`` values get an amount; others are poison.
-
-    Used as ``.option("transformer", "lastagent.demo:enrich")``; a record it rejects goes to the
-    dead-letter topic with the exception text.
-    """
-    import pyarrow as pa
-
-    amounts = []
-    for v in batch.column("value").to_pylist():
-        text = v.decode() if isinstance(v, bytes) else str(v)
-        kind, t, i = text.split("-")  # a poison record fails here
-        if kind != "order":
-            raise ValueError(f"not an order: {text!r}")
-        amounts.append(int(t) * 1000 + int(i))
-    return batch.append_column("amount", pa.array(amounts, pa.int64()))
-
-
-def delta_driver(bootstrap: str, topic: str, table: str, checkpoint: str, link: str, dead_letters: str,
-                 side: str, per_trigger: str = "1000", dead_letter_table: str = "") -> int:
-    """A driver process for act 3 (and the crash tests): Kafka → transformer → lastagent-delta.
-
-    Dead letters and follow-up messages (side topic) are committed in the same epoch as the table.
-    An empty ``dead_letters`` topic with a ``dead_letter_table`` sends dead letters to that table.
-    """
-    os.environ["LASTAGENT_CRASH_PGID"] = str(os.getpgid(0))
-    from lastagent.spark_session import local_session
-
-    spark = local_session("lastagent-delta-driver", master=os.environ.get("LASTAGENT_SPARK_MASTER", "local[2]"),
-                          extra_conf=_env_conf())
-    spark.sparkContext.setLogLevel("ERROR")
-    query = (
-        spark.readStream.format("lastagent-kafka")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", per_trigger)
-        .load()
-        .selectExpr("CAST(key AS STRING) AS key", "value", "topic", "partition", "offset")
-        .writeStream.format("lastagent-delta")
-        .option("link", link)
-        .option("checkpointLocation", checkpoint)
-        .option("transformer", "lastagent.demo:enrich")
-        .option("deadLetterTopic", dead_letters)
-        .option("deadLetterTable", dead_letter_table)
-        .option("sideTopics", side)
-        .option("kafka.bootstrap.servers", bootstrap)
-        .trigger(availableNow=True)
-        .start(table)
-    )
-    query.awaitTermination()
-    spark.stop()
-    return 0
-
-
 def run(bootstrap: str, workdir: str) -> int:
     ok, table = source_act(bootstrap, workdir)
     ok = sink_act(bootstrap, workdir, table) and ok
@@ -323,13 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", default=os.environ.get(
         "LASTAGENT_KAFKA_BOOTSTRAP", f"127.0.0.1:{os.environ.get('LASTAGENT_KAFKA_PORT', '39092')}"))
     parser.add_argument("--workdir", default=None, help="where the Delta table and checkpoint go (default: a temp dir)")
-    parser.add_argument("mode", nargs="?", default="demo", choices=["demo", "sink-driver", "delta-driver"])
-    parser.add_argument("driver_args", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.mode == "sink-driver":
-        return sink_driver(*args.driver_args)
-    if args.mode == "delta-driver":
-        return delta_driver(*args.driver_args)
     workdir = args.workdir or tempfile.mkdtemp(prefix="lastagent-demo-")
     try:
         return run(args.bootstrap, workdir)

@@ -1,0 +1,35 @@
+"""The crash tests' fault hook: SIGKILL at a named protocol point (see :mod:`lastagent.faults`).
+
+``LASTAGENT_CRASH_AT=<point>`` (or ``<point>:<n>``: the n-th time the point is reached in this
+process tree, counted in the file ``LASTAGENT_CRASH_STATE``) names the point. When the code reaches
+it, the driver's process group (the Python driver and its JVM, ``LASTAGENT_CRASH_PGID``) and this
+process's own group (pyspark's daemon and workers) are killed with SIGKILL, as a machine loss would.
+Points named ``task_*`` kill only the Python worker that reaches them (a task attempt dies
+mid-write; Spark retries it). ``<state>.fired`` names the point that fired.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+
+def kill_at(name: str) -> None:
+    spec = os.environ.get("LASTAGENT_CRASH_AT", "")
+    target, _, nth = spec.partition(":")
+    if target != name:
+        return
+    state = Path(os.environ.get("LASTAGENT_CRASH_STATE", "/tmp/lastagent-crash-count"))
+    if nth:
+        count = int(state.read_text() or "0") + 1 if state.exists() else 1
+        state.write_text(str(count))
+        if count != int(nth):
+            return
+    Path(str(state) + ".fired").write_text(name)
+    if name.startswith("task_"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    driver_group = os.environ.get("LASTAGENT_CRASH_PGID")
+    if driver_group and int(driver_group) != os.getpgid(0):
+        os.killpg(int(driver_group), signal.SIGKILL)
+    os.killpg(os.getpgid(0), signal.SIGKILL)
