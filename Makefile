@@ -26,6 +26,7 @@ $(VENV)/.deps: pyproject.toml
 # The package itself is installed (not editable) so that Spark's worker finds the
 # top-level pyspark_lastagent_* modules by scanning sys.path; reinstalled when code changes.
 $(VENV)/.installed: $(VENV)/.deps $(SOURCES)
+	@rm -rf build  # setuptools' build dir would carry modules removed from the tree into the wheel
 	@$(PIP) install -q --no-deps --force-reinstall . >>$(LOG) 2>&1 || (tail -30 $(LOG); exit 1)
 	@touch $@
 
