@@ -24,9 +24,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from confluent_kafka import KafkaError, KafkaException
+
 from lastagent import faults
 from lastagent.errors import KafkaProtocolError, LastAgentError
 from lastagent.kafka_wire import TransactionCoordinatorClient
+
+_MSG_SIZE_TOO_LARGE = KafkaError.MSG_SIZE_TOO_LARGE
 
 log = logging.getLogger("lastagent.kafka")
 
@@ -173,7 +177,20 @@ class BranchWriter:
     def _on_delivery(self, err: Any, msg: Any) -> None:
         # Called from poll/flush, for failed records only (delivery.report.only.error).
         if err is not None:
-            self._errors.append(f"{msg.topic()}[{msg.partition()}]: {err}")
+            where = f"topic {msg.topic()} partition {msg.partition()}"
+            if msg.key() is not None:
+                where += f" key {msg.key()[:64]!r}"
+            hint = ""
+            if err.code() == _MSG_SIZE_TOO_LARGE:
+                hint = (f" (record of {len(msg.value() or b'') + len(msg.key() or b'')} bytes; the broker's "
+                        "message.max.bytes or the topic's max.message.bytes is smaller)")
+            self._errors.append(f"{where}: {err.str()}{hint}")
+
+    def _refused(self, exc: Exception) -> BranchError:
+        """The error for a produce() the client refused: the delivery failure that caused it, if known."""
+        self._producer.poll(0)  # collect the failed records' reports
+        cause = "; ".join(self._errors[:3]) or str(exc)
+        return BranchError(f"branch {self.transactional_id}: the transaction failed and must be aborted: {cause}")
 
     def send(self, topic: str, value: bytes | None, key: bytes | None = None,
              headers: Sequence[tuple[str, str | bytes | None]] | None = None, partition: int | None = None) -> None:
@@ -190,6 +207,8 @@ class BranchWriter:
             except BufferError:
                 # Local queue full: serve delivery reports until there is room. Bounded memory.
                 self._producer.poll(0.1)
+            except KafkaException as exc:
+                raise self._refused(exc) from exc
         self._records += 1
         if self._records % 1000 == 0:
             self._producer.poll(0)
@@ -205,6 +224,8 @@ class BranchWriter:
                     break
                 except BufferError:
                     poll(0.1)  # local queue full: bounded memory
+                except KafkaException as exc:
+                    raise self._refused(exc) from exc
         self._records += len(values)
         poll(0)
 

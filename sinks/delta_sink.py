@@ -204,6 +204,13 @@ class DeltaStreamWriter(DataSourceStreamArrowWriter):
                 problems, _ = schema_diff(self.table_schema_json, self.query_schema_json, self.options.merge_schema)
                 if problems:
                     raise schema_error(self.options.path, problems)
+        if not self.options.transformer:
+            columns = [f["name"] for f in json.loads(self.query_schema_json)["fields"]]
+            unknown = [c for c in self.partition_by if c not in columns]
+            if unknown:
+                from lastagent.errors import OptionError
+
+                raise OptionError("partitionBy", f"column(s) {unknown} are not among the query's columns {columns}")
         with Committer(self.options, store=store) as committer:
             if committer.xa is not None:
                 require_topics(committer, {"deadLetterTopic": [t for t in [self.options.dead_letter_topic] if t],

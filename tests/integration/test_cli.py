@@ -86,3 +86,13 @@ def test_expired_decided_branch_is_reported_by_epoch_and_branch(kafka_bootstrap,
     assert [(h["epoch"], h["transactional_id"]) for h in doc["hazards"]] == [(4, handle.transactional_id)]
     text = lastagent("status", *common)
     assert f"HAZARD: link '{link}' epoch 4: decided branch {handle.transactional_id}" in text.stdout
+
+
+def test_status_of_a_table_that_is_not_there_fails(kafka_bootstrap, tmp_path):
+    """A wrong path must not read as 'in doubt: none'."""
+    for flag in ("--arbitration-table", "--table"):
+        missing = str(tmp_path / "nowhere")
+        result = lastagent("status", "--link", "l", flag, missing, "--bootstrap-servers", kafka_bootstrap)
+        assert result.returncode == 2, result.stdout
+        assert f"{flag} {missing}: no Delta table there" in result.stderr
+        assert not (tmp_path / "nowhere").exists()

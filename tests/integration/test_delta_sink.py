@@ -260,3 +260,52 @@ def test_record_too_large_for_the_side_topic_is_a_dead_letter(spark, tmp_path, k
     assert len(read_committed(kafka_bootstrap, side, 2)) == 2
     assert read_committed(kafka_bootstrap, dlq, 1) == [(b"1", big)]
     assert _headers_of(kafka_bootstrap, dlq)[0]["lastagent.dlq.reason"] == b"record-too-large"
+
+
+def test_partition_column_not_in_the_query_is_refused_at_start(spark, source, tmp_path):
+    table = str(tmp_path / "out")
+    with pytest.raises(Exception, match=r"option 'partitionBy': column\(s\) \['regoin'\] are not among the query's"):
+        _write(spark, source, tmp_path, table, partitionBy="regoin").awaitTermination()
+    assert not (tmp_path / "out").exists()  # refused before anything was created
+
+
+def test_racing_deciders_on_the_target_table_one_wins_and_the_loser_drops_its_files(tmp_path):
+    """Two deciders of one epoch with files of their own: one commit stands; the other's files are deleted."""
+    import threading
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lastagent.arbitration import ArbitrationRecord
+    from lastagent.sinks.delta_commit import StagedEpoch, TargetTableStore
+
+    schema = '{"type":"struct","fields":[{"name":"id","type":"long","nullable":true,"metadata":{}}]}'
+    store = TargetTableStore(str(tmp_path / "t"), fallback_schema_json=schema)
+    generation = store.claim("race", "q").generation
+    staged: dict[str, StagedEpoch] = {}
+    for name in ("x", "y"):
+        path = tmp_path / "t" / f"part-{name}.parquet"
+        pq.write_table(pa.table({"id": pa.array([1, 2], pa.int64())}), path)
+        add = {"path": path.name, "size": path.stat().st_size, "partitionValues": {}, "modificationTime": 0,
+               "dataChange": True, "stats": None}
+        staged[name] = StagedEpoch((add,), schema, ((0, 0),))
+    barrier = threading.Barrier(2)
+    results = {}
+
+    def decide(name: str) -> None:
+        barrier.wait()
+        results[name] = store.decide(ArbitrationRecord("race", 0, "g", (name,)), generation, staged[name])
+
+    threads = [threading.Thread(target=decide, args=(n,)) for n in ("x", "y")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(d.won for d in results.values()) == [False, True]
+    winner = next(n for n, d in results.items() if d.won)
+    loser = "y" if winner == "x" else "x"
+    assert results[loser].record.branches == (winner,)
+    from deltalake import DeltaTable
+
+    assert [p.rsplit("/", 1)[-1] for p in DeltaTable(store.path).file_uris()] == [f"part-{winner}.parquet"]
+    assert not (tmp_path / "t" / f"part-{loser}.parquet").exists()

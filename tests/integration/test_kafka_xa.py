@@ -150,7 +150,23 @@ def test_a_record_the_broker_refuses_fails_prepare(kafka_bootstrap, new_topic):
                      f"xa-{uuid.uuid4().hex[:8]}-0", 60_000)
     w.send(topic, b"fine")
     w.send(topic, b"nowhere", partition=7)  # the topic has one partition
-    with pytest.raises(BranchError, match=rf"delivery failed: {topic}\[7\]"):
+    with pytest.raises(BranchError, match=rf"delivery failed: topic {topic} partition 7:"):
+        w.prepare(flush_timeout_s=30)
+    w.abort_local()
+
+
+def test_a_record_larger_than_the_broker_takes_fails_fast_naming_topic_partition_key_and_limit(kafka_bootstrap,
+                                                                                               new_topic):
+    """The client's message.max.bytes raised above the broker's: the broker refuses the record, the
+    transaction must abort, and the next send (or the prepare) says why."""
+    topic = new_topic(partitions=1)
+    w = BranchWriter({"bootstrap.servers": kafka_bootstrap, "message.max.bytes": "10000000"},
+                     f"xa-{uuid.uuid4().hex[:8]}-0", 60_000)
+    with pytest.raises(BranchError, match=rf"topic {topic} partition 0 key b'big': .*too large.* \(record of "
+                                          r"2000003 bytes; the broker's message.max.bytes"):
+        w.send(topic, b"x" * 2_000_000, key=b"big")
+        for _ in range(50):
+            w.send(topic, b"x" * 2_000_000, key=b"big")
         w.prepare(flush_timeout_s=30)
     w.abort_local()
 
