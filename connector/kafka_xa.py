@@ -32,6 +32,12 @@ from lastagent.kafka_wire import TransactionCoordinatorClient
 
 _MSG_SIZE_TOO_LARGE = KafkaError.MSG_SIZE_TOO_LARGE
 
+
+def _failed_transaction(exc: KafkaException) -> bool:
+    """produce() refused because an earlier record failed the transaction (librdkafka's _STATE)."""
+    err = exc.args[0] if exc.args else None
+    return isinstance(err, KafkaError) and err.code() == KafkaError._STATE
+
 log = logging.getLogger("lastagent.kafka")
 
 #: Kafka error names after which the same EndTxn may succeed: markers still being written,
@@ -208,7 +214,9 @@ class BranchWriter:
                 # Local queue full: serve delivery reports until there is room. Bounded memory.
                 self._producer.poll(0.1)
             except KafkaException as exc:
-                raise self._refused(exc) from exc
+                if _failed_transaction(exc):
+                    raise self._refused(exc) from exc
+                raise
         self._records += 1
         if self._records % 1000 == 0:
             self._producer.poll(0)
@@ -225,7 +233,9 @@ class BranchWriter:
                 except BufferError:
                     poll(0.1)  # local queue full: bounded memory
                 except KafkaException as exc:
-                    raise self._refused(exc) from exc
+                    if _failed_transaction(exc):
+                        raise self._refused(exc) from exc
+                    raise
         self._records += len(values)
         poll(0)
 
