@@ -319,31 +319,44 @@ class KafkaBatchReader(DataSourceReader):
 
 # -- executor side ------------------------------------------------------------------------
 
-#: Consumers reused across tasks of this Python worker, keyed by their settings.
-_CONSUMERS: dict[tuple[tuple[str, str], ...], Any] = {}
+#: Idle consumers of this Python worker, keyed by their settings, reused by its next tasks. A read
+#: checks one out for its whole life and checks it back in when it ends, so a read that ends late
+#: (a generator Spark dropped and the garbage collector finalises during a later task) can only
+#: touch its own consumer, never the one a later read is using.
+_IDLE: dict[tuple[tuple[str, str], ...], list[Any]] = {}
 
 
-def _consumer(config: dict[str, str]) -> Any:
-    """A consumer for these settings, created once per worker process and reused."""
+def _checkout(config: dict[str, str]) -> tuple[tuple[tuple[str, str], ...], Any]:
+    """(key, consumer) for these settings: an idle one of this worker, or a new one. Executor."""
     from confluent_kafka import Consumer
 
     key = tuple(sorted(config.items()))
-    consumer = _CONSUMERS.get(key)
-    if consumer is None:
-        settings: dict[str, Any] = {
-            # Bounded prefetch: the client's queue, not the partition's size, sets memory use.
-            "queued.max.messages.kbytes": 16384,
-            "fetch.max.bytes": 16 * 1024 * 1024,
-            **config,
-            "group.id": config.get("group.id") or f"lastagent-source-{uuid.uuid4().hex[:12]}",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": True,
-            # Out-of-range is data loss; failOnDataLoss decides, never a silent reset.
-            "auto.offset.reset": "error",
-        }
-        consumer = _CONSUMERS[key] = Consumer(settings)
-    return consumer
+    idle = _IDLE.get(key)
+    if idle:
+        return key, idle.pop()
+    settings: dict[str, Any] = {
+        # Bounded prefetch: the client's queue, not the partition's size, sets memory use.
+        "queued.max.messages.kbytes": 16384,
+        "fetch.max.bytes": 16 * 1024 * 1024,
+        **config,
+        "group.id": config.get("group.id") or f"lastagent-source-{uuid.uuid4().hex[:12]}",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "enable.partition.eof": True,
+        # Out-of-range is data loss; failOnDataLoss decides, never a silent reset.
+        "auto.offset.reset": "error",
+    }
+    return key, Consumer(settings)
+
+
+def _checkin(key: tuple[tuple[str, str], ...], consumer: Any) -> None:
+    """Returns a consumer for the worker's next task; one idle consumer per settings is kept. Executor."""
+    consumer.unassign()
+    idle = _IDLE.setdefault(key, [])
+    if idle:
+        consumer.close()  # a late-ending read's extra consumer: the worker keeps one
+    else:
+        idle.append(consumer)
 
 
 def read_range(r: OffsetRange, options: KafkaSourceOptions) -> Iterator[pa.RecordBatch]:
@@ -361,7 +374,7 @@ def read_range(r: OffsetRange, options: KafkaSourceOptions) -> Iterator[pa.Recor
 
     from lastagent.sources.kafka_columns import BatchBuilder
 
-    consumer = _consumer(options.client_config)
+    key, consumer = _checkout(options.client_config)
     consumer.assign([TopicPartition(r.topic, r.partition, r.start)])
     builder = BatchBuilder(r.topic, r.partition, options.include_headers)
     position = r.start
@@ -409,8 +422,7 @@ def read_range(r: OffsetRange, options: KafkaSourceOptions) -> Iterator[pa.Recor
         if tail is not None:
             yield tail
     finally:
-        # The consumer is reused by the worker's next task: stop fetching this partition.
-        consumer.unassign()
+        _checkin(key, consumer)
 
 
 def _lost(consumer: Any, r: OffsetRange, position: int, options: KafkaSourceOptions) -> int:

@@ -346,3 +346,28 @@ def test_batch_read_by_timestamps_and_bad_ends(spark, kafka_bootstrap, new_topic
     with pytest.raises(Exception, match=r"option 'endingOffsets': ends before the start in .*-0 \(5 > 3\)"):
         batch_read(spark, **common, startingOffsets=f'{{"{topic}":{{"0":5}}}}',
                    endingOffsets=f'{{"{topic}":{{"0":3}}}}')
+
+
+def test_a_read_that_ends_late_never_touches_a_later_reads_consumer(kafka_bootstrap, new_topic):
+    """Spark may drop a task's generator unfinished; when the garbage collector finalises it during a
+    later task of the same worker, its clean-up must not unassign the consumer that task is using."""
+    from confluent_kafka import Producer
+
+    from lastagent.sources.kafka_offsets import OffsetRange
+    from lastagent.sources.kafka_source import read_range
+    from lastagent.sources.kafka_source_options import KafkaSourceOptions
+
+    topic = new_topic(partitions=2)
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(200):
+        p.produce(topic, value=str(i).encode(), partition=i % 2)
+    assert p.flush(30) == 0
+    options = KafkaSourceOptions.parse({"kafka.bootstrap.servers": kafka_bootstrap, "subscribe": topic,
+                                        "maxRecordsPerArrowBatch": "10", "kafkaConsumer.pollTimeoutMs": "5000"})
+    early = read_range(OffsetRange(topic, 0, 0, 100), options)
+    assert next(early).num_rows == 10  # an earlier task, dropped unfinished
+    later = read_range(OffsetRange(topic, 1, 0, 100), options)
+    rows = next(later).num_rows
+    early.close()  # its finally runs now, in the middle of the later read
+    rows += sum(b.num_rows for b in later)
+    assert rows == 100
