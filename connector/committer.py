@@ -78,7 +78,7 @@ class Committer:
                 f"({broker_max}); lower the option or raise the broker setting",
             )
 
-    def start(self, owner: str | None = None, *, takeover: bool = False) -> tuple[Ownership, int]:
+    def start(self, owner: str | None = None) -> tuple[Ownership, int]:
         """Query start: claim the link, then recover (:func:`lastagent.protocol.recover`). Driver.
 
         The claim comes first and is race-safe: from then on no earlier run of the link (a query
@@ -91,7 +91,6 @@ class Committer:
 
         Args:
             owner: the Spark query id of the checkpoint; defaults to the one in ``checkpointLocation``.
-            takeover: claim without being the owner (``lastagent recover``): fences the running owner.
 
         Returns:
             (the claimed ownership, the newest decided epoch or -1): re-run tasks of an epoch at or
@@ -101,11 +100,10 @@ class Committer:
             LinkOwnedError: another query owns the link (nothing changed).
         """
         self.check()
-        if not takeover:
-            self._check_checkpoint_belongs_here()
+        self._check_checkpoint_belongs_here()
         if owner is None:
             owner = self.checkpoint.query_id()
-        ownership = self.store.claim(self.link, owner, takeover=takeover)
+        ownership = self.store.claim(self.link, owner)
         latest = self.store.latest_epoch(self.link)
         decisions = {r.epoch: r for r in self.store.records(self.link)} if latest is not None else {}
         if latest is not None and latest not in decisions:
@@ -116,9 +114,8 @@ class Committer:
         handles = {Branch.of(h): h for r in decisions.values() for h in map(BranchHandle.from_json, r.branches)}
         open_now = self._open(ownership.generation - 1)
         handles.update((Branch.of(t), t.handle()) for t in open_now)
-        committed = self.checkpoint.committed_through() if not takeover else latest
         actions = protocol.recover(
-            -1 if committed is None else committed,
+            self.checkpoint.committed_through(),
             {e: tuple(Branch.of(BranchHandle.from_json(b)) for b in r.branches) for e, r in decisions.items()},
             [Branch.of(t) for t in open_now], committed=None, link=self.link)
         if actions:
