@@ -1,4 +1,4 @@
-"""Generates docs/options.md from the option tables of the source and the sink.
+"""Generates docs/options.md from the option tables of the source and the sinks.
 
 Run ``python -m lastagent.options_doc > docs/options.md``; a unit test fails when the file is
 stale, so the tables stay the one place an option is described.
@@ -6,16 +6,23 @@ stale, so the tables stay the one place an option is described.
 
 from __future__ import annotations
 
+from lastagent.options import OptionTable
 from lastagent.sinks.delta_sink_options import DELTA_SINK_OPTIONS
 from lastagent.sinks.kafka_sink_options import SINK_OPTIONS
 from lastagent.sources.kafka_source_options import SOURCE_OPTIONS
 
 
-def _table(options: dict[str, tuple[str | None, str]]) -> list[str]:
-    lines = ["| option | default | meaning |", "|---|---|---|"]
-    for name, (default, text) in options.items():
-        shown = "(required)" if default is None else f"`{default}`" if default else ""
-        lines.append(f"| `{name}` | {shown} | {text.replace('|', '&#124;')} |")
+def _cell(text: str) -> str:
+    """Text safe inside a Markdown table cell."""
+    return text.replace("|", "&#124;")
+
+
+def _table(options: OptionTable) -> list[str]:
+    """The Markdown table of one format's options, one row per :class:`~lastagent.options.Option`."""
+    lines = ["| option | type | default | range | meaning |", "|---|---|---|---|---|"]
+    for row in options.rows():
+        shown = "(required)" if row.default is None else f"`{row.default}`" if row.default else ""
+        lines.append(f"| `{row.name}` | {row.type} | {shown} | {_cell(row.range)} | {_cell(row.doc)} |")
     return lines
 
 
@@ -30,6 +37,10 @@ def render() -> str:
         "Option names are case-insensitive, as in Spark. Any other `kafka.*` option is passed to",
         "the Kafka client (librdkafka) without the prefix; an unknown option is an error that",
         "names it.",
+        "",
+        "Types: `list` is comma-separated; `json` is a JSON text; `choice` is one of the words in",
+        "the range column (case-insensitive); `boolean` is true or false. Ranges are inclusive and",
+        "checked when the query starts.",
         "",
         "## `lastagent-kafka` source (`spark.readStream`)",
         "",

@@ -32,7 +32,7 @@ from lastagent.sinks import dead_letters, transformer
 from lastagent.sinks.delta_commit import StagedEpoch, TargetTableStore, schema_diff, schema_error
 from lastagent.sinks.delta_files import FileWriter, delta_arrow_schema
 from lastagent.sinks.delta_sink_options import DeltaSinkOptions
-from lastagent.sinks.kafka_sink import Started, generation_of, require_started, require_topics, task_epoch
+from lastagent.sinks.query_run import Started, StartsWhenShipped, generation_of, require_started, require_topics, task_epoch
 
 log = logging.getLogger("lastagent.delta")
 
@@ -161,7 +161,7 @@ class _Outputs:
             self.branch.abort_local()
 
 
-class DeltaStreamWriter(DataSourceStreamArrowWriter):
+class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
     """Spark's stream writer for ``lastagent-delta``.
 
     Args:
@@ -178,12 +178,6 @@ class DeltaStreamWriter(DataSourceStreamArrowWriter):
         self.started: Started | None = None
         if self.options.transformer:
             transformer.load(self.options.transformer)  # fail at start, naming the option
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Driver, at query start: pyspark pickles the writer to ship it to the tasks."""
-        if self.started is None:
-            self.started = self.start()
-        return self.__dict__
 
     def start(self) -> Started:
         """Checks the table, claims the link and recovers what earlier runs left. Driver, once per run."""

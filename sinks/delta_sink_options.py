@@ -8,88 +8,73 @@ right.
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from lastagent import xid
 from lastagent.errors import OptionError
+from lastagent.options import Option, OptionTable
 from lastagent.sinks.kafka_sink_options import DEFAULT_TRANSACTION_TIMEOUT_MS
 
 #: Producer settings the sink owns (same reasons as the Kafka sink's).
 _RESERVED = ("kafka.transactional.id", "kafka.enable.idempotence", "kafka.key.serializer",
              "kafka.value.serializer")
 
-#: The sink's options: name → (default or None when required, description). docs/options.md is
-#: generated from this table.
-DELTA_SINK_OPTIONS: dict[str, tuple[str | None, str]] = {
-    "path": (None, "Location of the target Delta table (.start(path) or .option('path', ...)); created on the "
-                   "first batch."),
-    "link": (None, "Stable name of this link (query). Its epochs are recorded in the table as Delta txn actions "
-                   "(appId = link) and it names the Kafka side outputs' transactional ids; renaming it breaks "
-                   "recovery."),
-    "checkpointLocation": (None, "Spark's checkpoint location (required: recovery depends on it)."),
-    "partitionBy": ("", "Comma-separated partition columns used when the sink creates the table; must match an "
-                        "existing table's (given none, an existing table's are used). Use this option: Spark does not "
-                        "pass writeStream.partitionBy(...) to Python data sources."),
-    "mergeSchema": ("false", "true: new columns of the query are added to the table's schema (as Delta's "
-                             "mergeSchema). false: a schema mismatch fails the query before anything is "
-                             "committed."),
-    "targetFileSizeMB": ("128", "A task starts a new data file after this many megabytes (bounded memory; "
-                                "no flood of tiny files at small triggers beyond one file per task and "
-                                "partition value)."),
-    "transformer": ("", "A Python callable 'module:function' applied on executors to each Arrow record batch "
-                        "before delivery (pyarrow.RecordBatch -> pyarrow.RecordBatch or Table). If it fails on "
-                        "a batch, it is applied record by record and failing records go to the dead letters."),
-    "deadLetterTopic": ("", "Kafka topic for records that fail the transformer, fail conversion to the table's "
-                            "schema, or are too large for a side topic; written in the same epoch (a prepared "
-                            "Kafka branch committed after the Delta commit). Unset: such a record fails the batch "
-                            "— nothing is dropped."),
-    "deadLetterTable": ("", "Path of a Delta table for dead letters the topic did not take (or all of them when "
-                            "deadLetterTopic is unset): the next link in the chain. Its rows are committed after "
-                            "the target table's commit, once per epoch (txn(link, epoch)). With neither set, a "
-                            "failing record fails the batch."),
-    "deadLetterSendAttempts": ("3", "Attempts to hand one dead letter to the dead-letter topic before the "
-                                    "batch fails."),
-    "sideTopics": ("", "Comma-separated Kafka topics that receive every delivered row as a follow-up message "
-                       "(value: the row as JSON, key: the 'key' column if any), in the same epoch."),
-    "keepHeaders": ("", "Comma-separated header keys to keep in the 'headers' column (others are dropped)."),
-    "dropHeaders": ("", "Comma-separated header keys to drop from the 'headers' column."),
-    "kafka.bootstrap.servers": ("", "Kafka bootstrap servers; required with deadLetterTopic or sideTopics."),
-    "kafka.transaction.timeout.ms": (str(DEFAULT_TRANSACTION_TIMEOUT_MS),
-                                     "Kafka aborts a prepared side-output branch after this; at most the broker's "
-                                     "transaction.max.timeout.ms."),
-    "phase2Parallelism": ("8", "Kafka branches committed in parallel after the Delta commit."),
-}
-_KNOWN = {k.lower(): k for k in DELTA_SINK_OPTIONS}
+#: The sink's options. Parsing reads them through this table and docs/options.md is generated
+#: from it (``python -m lastagent.options_doc``).
+DELTA_SINK_OPTIONS = OptionTable([
+    Option("path", "string", None, "Location of the target Delta table (.start(path) or .option('path', ...)); "
+                                   "created on the first batch."),
+    Option("link", "string", None, "Stable name of this link (query). Its epochs are recorded in the table as Delta "
+                                   "txn actions (appId = link) and it names the Kafka side outputs' transactional "
+                                   "ids; renaming it breaks recovery. Letters, digits, '.', '_' and '-', short enough "
+                                   f"that the XA gtrid '<link>:<epoch>' fits {xid.MAXGTRIDSIZE} bytes.",
+           max_length=xid.MAX_LINK_LENGTH),
+    Option("checkpointLocation", "string", None, "Spark's checkpoint location (required: recovery depends on it)."),
+    Option("partitionBy", "list", "", "Comma-separated partition columns used when the sink creates the table; must "
+                                      "match an existing table's (given none, an existing table's are used). Use this "
+                                      "option: Spark does not pass writeStream.partitionBy(...) to Python data "
+                                      "sources."),
+    Option("mergeSchema", "boolean", "false", "true: new columns of the query are added to the table's schema (as "
+                                              "Delta's mergeSchema). false: a schema mismatch fails the query before "
+                                              "anything is committed."),
+    Option("targetFileSizeMB", "integer", "128", "A task starts a new data file after this many megabytes (bounded "
+                                                 "memory; no flood of tiny files at small triggers beyond one file per "
+                                                 "task and partition value).", minimum=1),
+    Option("transformer", "string", "", "A Python callable 'module:function' applied on executors to each Arrow "
+                                        "record batch before delivery (pyarrow.RecordBatch -> pyarrow.RecordBatch or "
+                                        "Table). If it fails on a batch, it is applied record by record and failing "
+                                        "records go to the dead letters."),
+    Option("deadLetterTopic", "string", "", "Kafka topic for records that fail the transformer, fail conversion to "
+                                            "the table's schema, or are too large for a side topic; written in the "
+                                            "same epoch (a prepared Kafka branch committed after the Delta commit). "
+                                            "Unset: such a record fails the batch — nothing is dropped."),
+    Option("deadLetterTable", "string", "", "Path of a Delta table for dead letters the topic did not take (or all of "
+                                            "them when deadLetterTopic is unset): the next link in the chain. Its rows "
+                                            "are committed after the target table's commit, once per epoch "
+                                            "(txn(link, epoch)). With neither set, a failing record fails the batch."),
+    Option("deadLetterSendAttempts", "integer", "3", "Attempts to hand one dead letter to the dead-letter topic before "
+                                                     "the batch fails.", minimum=1),
+    Option("sideTopics", "list", "", "Comma-separated Kafka topics that receive every delivered row as a follow-up "
+                                     "message (value: the row as JSON, key: the 'key' column if any), in the same "
+                                     "epoch."),
+    Option("keepHeaders", "list", "", "Comma-separated header keys to keep in the 'headers' column (others are "
+                                      "dropped)."),
+    Option("dropHeaders", "list", "", "Comma-separated header keys to drop from the 'headers' column."),
+    Option("kafka.bootstrap.servers", "string", "", "Kafka bootstrap servers; required with deadLetterTopic or "
+                                                    "sideTopics."),
+    Option("kafka.transaction.timeout.ms", "integer", str(DEFAULT_TRANSACTION_TIMEOUT_MS),
+           "Kafka aborts a prepared side-output branch after this; at most the broker's transaction.max.timeout.ms.",
+           minimum=1000),
+    Option("phase2Parallelism", "integer", "8", "Kafka branches committed in parallel after the Delta commit.",
+           minimum=1),
+], others="kafka.* producer settings")
 _COLUMN = re.compile(r"^[^ ,;{}()\n\t=]+$")
 
 
-def _int(opts: Mapping[str, str], name: str, minimum: int) -> int:
-    raw = opts.get(name.lower(), DELTA_SINK_OPTIONS[name][0])
-    try:
-        value = int(str(raw).strip())
-    except ValueError:
-        raise OptionError(name, f"{raw!r} is not an integer; give a whole number >= {minimum}") from None
-    if value < minimum:
-        raise OptionError(name, f"{value} is too small; give a whole number >= {minimum}")
-    return value
-
-
-def _bool(opts: Mapping[str, str], name: str) -> bool:
-    raw = str(opts.get(name.lower(), DELTA_SINK_OPTIONS[name][0])).strip().lower()
-    if raw not in ("true", "false"):
-        raise OptionError(name, f"{raw!r} is not a boolean; give true or false")
-    return raw == "true"
-
-
-def _names(opts: Mapping[str, str], name: str) -> tuple[str, ...]:
-    return tuple(n.strip() for n in str(opts.get(name.lower(), "")).split(",") if n.strip())
-
-
 def _partition_by(opts: Mapping[str, str]) -> tuple[str, ...]:
-    cols = _names(opts, "partitionBy")
+    cols = DELTA_SINK_OPTIONS.comma_list(opts, "partitionBy")
     for c in cols:
         if not _COLUMN.match(c):
             raise OptionError("partitionBy", f"{c!r} is not a valid column name")
@@ -149,12 +134,7 @@ class DeltaSinkOptions(xid.LinkIds):
                 if key in _RESERVED:
                     raise OptionError(key, "is set by the sink and cannot be given")
                 continue
-            if key not in _KNOWN:
-                near = difflib.get_close_matches(key, list(_KNOWN), n=1)
-                hint = f"did you mean '{_KNOWN[near[0]]}'? " if near else ""
-                valid = ", ".join(sorted(k for k in DELTA_SINK_OPTIONS if not k.startswith("kafka.")))
-                raise OptionError(key, f"unknown option for the lastagent-delta sink; {hint}valid options: {valid}, "
-                                       "and kafka.* producer settings")
+            DELTA_SINK_OPTIONS.check_known(key, "the lastagent-delta sink")
         hints = {
             "path": "give the target table: .start('/data/orders') or .option('path', '/data/orders')",
             "link": "give the query a stable name, e.g. .option('link', 'orders-to-delta')",
@@ -164,14 +144,15 @@ class DeltaSinkOptions(xid.LinkIds):
             if not opts.get(required.lower(), "").strip():
                 raise OptionError(required, f"is required; {hint}")
         dead_letter = opts.get("deadlettertopic", "").strip() or None
-        side = _names(opts, "sideTopics")
+        side = DELTA_SINK_OPTIONS.comma_list(opts, "sideTopics")
         client = {k[len("kafka."):]: v for k, v in opts.items() if k.startswith("kafka.")}
         client.pop("transaction.timeout.ms", None)
         if (dead_letter or side) and not client.get("bootstrap.servers", "").strip():
             which = "deadLetterTopic" if dead_letter else "sideTopics"
             raise OptionError("kafka.bootstrap.servers", f"is required when '{which}' is set; "
                                                          "e.g. .option('kafka.bootstrap.servers', 'host:9092')")
-        keep, drop = _names(opts, "keepHeaders"), _names(opts, "dropHeaders")
+        keep = DELTA_SINK_OPTIONS.comma_list(opts, "keepHeaders")
+        drop = DELTA_SINK_OPTIONS.comma_list(opts, "dropHeaders")
         if keep and drop:
             raise OptionError("keepHeaders", "give keepHeaders or dropHeaders, not both")
         return cls(
@@ -179,16 +160,16 @@ class DeltaSinkOptions(xid.LinkIds):
             link=xid.check_link(opts["link"].strip()),
             checkpoint_location=opts["checkpointlocation"].strip(),
             partition_by=_partition_by(opts),
-            merge_schema=_bool(opts, "mergeSchema"),
-            target_file_bytes=_int(opts, "targetFileSizeMB", 1) << 20,
+            merge_schema=DELTA_SINK_OPTIONS.boolean(opts, "mergeSchema"),
+            target_file_bytes=DELTA_SINK_OPTIONS.integer_value(opts, "targetFileSizeMB") << 20,
             transformer=_transformer(opts),
             dead_letter_topic=dead_letter,
             dead_letter_table=opts.get("deadlettertable", "").strip() or None,
-            dead_letter_attempts=_int(opts, "deadLetterSendAttempts", 1),
+            dead_letter_attempts=DELTA_SINK_OPTIONS.integer_value(opts, "deadLetterSendAttempts"),
             side_topics=side,
             keep_headers=keep,
             drop_headers=drop,
             client_config=client,
-            transaction_timeout_ms=_int(opts, "kafka.transaction.timeout.ms", 1000),
-            phase2_parallelism=_int(opts, "phase2Parallelism", 1),
+            transaction_timeout_ms=DELTA_SINK_OPTIONS.integer_value(opts, "kafka.transaction.timeout.ms"),
+            phase2_parallelism=DELTA_SINK_OPTIONS.integer_value(opts, "phase2Parallelism"),
         )

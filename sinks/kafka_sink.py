@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,14 +27,14 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 from pyspark.sql.types import StructType
 
 from lastagent import faults, protocol
-from lastagent.errors import LastAgentError
 from lastagent.kafka_xa import BranchHandle, BranchWriter
 from lastagent.sinks.kafka_rows import check_schema, records, simple_columns
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
+from lastagent.sinks.query_run import (Started, StartsWhenShipped, generation_of, require_started, require_topics,
+                                       task_epoch)
 
 log = logging.getLogger("lastagent.sink")
 
-BATCH_ID_PROPERTY = "streaming.sql.batchId"  # set by Spark's MicroBatchExecution on every task
 
 
 @dataclass(frozen=True)
@@ -53,52 +53,7 @@ class BranchMessage(WriterCommitMessage):
     records: int = 0
 
 
-@dataclass(frozen=True)
-class Started:
-    """What query start learned, shipped to every task inside the pickled writer.
-
-    Attributes:
-        generation: the run's generation of the link (names its transactional ids).
-        decided_through: the link's newest decided epoch at start (-1 for none); a re-run task
-            of an epoch at or below it writes nothing.
-    """
-
-    generation: int
-    decided_through: int
-
-
-class NotStartedError(LastAgentError):
-    """A task got a writer whose query start (claim and recovery) never ran: nothing is written."""
-
-
-def task_epoch(ctx: Any) -> int:
-    """The epoch (Spark's batch id) of the running task. Executor.
-
-    Raises:
-        LastAgentError: Spark did not set the batch id on the task; without it the task cannot
-            tell a re-run of a decided epoch from a new one, so it writes nothing.
-    """
-    raw = ctx.getLocalProperty(BATCH_ID_PROPERTY)
-    if raw is None or not str(raw).isdigit():
-        raise LastAgentError(f"the task has no micro-batch id (Spark's local property {BATCH_ID_PROPERTY!r} is "
-                             f"{raw!r}); lastagent sinks run only as Structured Streaming sinks in micro-batch mode")
-    return int(raw)
-
-
-def generation_of(messages: Sequence[Any], epoch: int) -> int | None:
-    """The one generation the epoch's commit messages carry; None when there are none. Driver.
-
-    Raises:
-        LastAgentError: the messages disagree (tasks of two runs in one epoch): nothing is decided.
-    """
-    generations = {m.generation for m in messages}
-    if len(generations) > 1:
-        raise LastAgentError(f"epoch {epoch}: commit messages of generations {sorted(generations)} in one epoch; "
-                             "nothing was decided")
-    return next(iter(generations), None)
-
-
-class KafkaStreamWriter(DataSourceStreamArrowWriter):
+class KafkaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
     """Spark's stream writer for ``lastagent-kafka``.
 
     Args:
@@ -110,12 +65,6 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         self.options = KafkaSinkOptions.parse(options)
         self.columns = check_schema(schema, self.options.topic)
         self.started: Started | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Driver, at query start: pyspark pickles the writer to ship it to the tasks."""
-        if self.started is None:
-            self.started = self.start()
-        return self.__dict__
 
     def start(self) -> Started:
         """Claims the link's next generation and recovers what earlier runs left. Driver, once per run."""
@@ -191,35 +140,6 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         msgs = [m for m in messages if isinstance(m, BranchMessage)]
         with Committer(self.options) as committer:
             committer.abort(batchId, generation_of(msgs, batchId), _handles(msgs))
-
-
-def require_topics(committer: Any, by_option: dict[str, list[str]]) -> None:
-    """Fails at query start when a topic an option names does not exist (and will not be created). Driver.
-
-    Raises:
-        OptionError: naming the option and the topic.
-    """
-    from lastagent.errors import OptionError
-
-    for option, topics in by_option.items():
-        missing = committer.xa.missing_topics(topics)
-        if missing:
-            raise OptionError(option, f"topic(s) {', '.join(missing)} do not exist on "
-                                      f"{committer.options.client_config.get('bootstrap.servers')} "
-                                      "and the broker does not create topics on first write; create them first")
-
-
-def require_started(started: Started | None) -> Started:
-    """The query start a task depends on. Executor.
-
-    Raises:
-        NotStartedError: the writer reached a task without having been pickled at query start
-            (never the case under Spark's runner); without the claim and recovery nothing is safe to write.
-    """
-    if started is None:
-        raise NotStartedError("this writer reached a task without the query-start claim and recovery of its link; "
-                              "lastagent sinks must be started with writeStream...start()")
-    return started
 
 
 def _handles(messages: list[BranchMessage]) -> list[BranchHandle]:

@@ -7,12 +7,12 @@ Spark's own ``kafka`` sink options keep their names (``kafka.bootstrap.servers``
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from lastagent import xid
 from lastagent.errors import OptionError
+from lastagent.options import Option, OptionTable
 
 #: Producer settings the sink owns: a user value would break the protocol or the row schema.
 _RESERVED = {
@@ -24,36 +24,28 @@ _RESERVED = {
 
 DEFAULT_TRANSACTION_TIMEOUT_MS = 900_000
 
-#: The sink's own options: name → (default or None when required, description). Docs are
-#: generated from this table.
-SINK_OPTIONS: dict[str, tuple[str | None, str]] = {
-    "kafka.bootstrap.servers": (None, "Kafka bootstrap servers, host:port[,host:port]."),
-    "link": (None, "Stable name of this link (query). Names its transactional ids and its arbitration "
-                   "records; renaming it breaks recovery. Letters, digits, '.', '_' and '-', at most 44 "
-                   "(so the XA gtrid '<link>:<epoch>' fits 64 bytes)."),
-    "arbitrationTable": (None, "Path of the Delta table that holds the arbitration record of every decided "
-                               "epoch (created on first use; readable with spark.read.format('delta'))."),
-    "topic": ("", "Topic for every row; overrides the 'topic' column, as in Spark's kafka sink."),
-    "kafka.transaction.timeout.ms": (str(DEFAULT_TRANSACTION_TIMEOUT_MS),
-                                     "Kafka aborts a prepared branch after this; must stay well above an epoch's "
-                                     "decide + commit time and at most the broker's transaction.max.timeout.ms."),
-    "arbitrationRetentionEpochs": ("100", "Confirmed epochs kept in the arbitration table before cleanup."),
-    "arbitrationCleanupEvery": ("50", "Run arbitration cleanup and compaction every N epochs."),
-    "phase2Parallelism": ("8", "Branches committed in parallel in phase 2."),
-    "checkpointLocation": (None, "Spark's checkpoint location (required: recovery depends on it)."),
-}
-_KNOWN = {k.lower(): k for k in SINK_OPTIONS}
-
-
-def _int(options: Mapping[str, str], name: str, minimum: int) -> int:
-    raw = options.get(name.lower(), SINK_OPTIONS[name][0])
-    try:
-        value = int(str(raw))
-    except ValueError:
-        raise OptionError(name, f"{raw!r} is not an integer; give a whole number >= {minimum}") from None
-    if value < minimum:
-        raise OptionError(name, f"{value} is too small; give a whole number >= {minimum}")
-    return value
+#: The sink's options. Parsing reads them through this table and docs/options.md is generated
+#: from it (``python -m lastagent.options_doc``).
+SINK_OPTIONS = OptionTable([
+    Option("kafka.bootstrap.servers", "string", None, "Kafka bootstrap servers, host:port[,host:port]."),
+    Option("link", "string", None, "Stable name of this link (query). Names its transactional ids and its arbitration "
+                                   "records; renaming it breaks recovery. Letters, digits, '.', '_' and '-', short "
+                                   f"enough that the XA gtrid '<link>:<epoch>' fits {xid.MAXGTRIDSIZE} bytes.",
+           max_length=xid.MAX_LINK_LENGTH),
+    Option("arbitrationTable", "string", None, "Path of the Delta table that holds the arbitration record of every "
+                                               "decided epoch (created on first use; readable with "
+                                               "spark.read.format('delta'))."),
+    Option("topic", "string", "", "Topic for every row; overrides the 'topic' column, as in Spark's kafka sink."),
+    Option("kafka.transaction.timeout.ms", "integer", str(DEFAULT_TRANSACTION_TIMEOUT_MS),
+           "Kafka aborts a prepared branch after this; must stay well above an epoch's decide + commit time and at "
+           "most the broker's transaction.max.timeout.ms.", minimum=1000),
+    Option("arbitrationRetentionEpochs", "integer", "100", "Confirmed epochs kept in the arbitration table before "
+                                                           "cleanup.", minimum=0),
+    Option("arbitrationCleanupEvery", "integer", "50", "Run arbitration cleanup and compaction every N epochs.",
+           minimum=1),
+    Option("phase2Parallelism", "integer", "8", "Branches committed in parallel in phase 2.", minimum=1),
+    Option("checkpointLocation", "string", None, "Spark's checkpoint location (required: recovery depends on it)."),
+], exempt=("path",), others="kafka.* producer settings")
 
 
 @dataclass(frozen=True)
@@ -88,12 +80,7 @@ class KafkaSinkOptions(xid.LinkIds):
                 if key in _RESERVED:
                     raise OptionError(key, f"is set by the sink and cannot be given: {_RESERVED[key]}")
                 continue
-            if key not in _KNOWN and key not in ("path",):
-                valid = ", ".join(sorted(k for k in SINK_OPTIONS if not k.startswith("kafka.")))
-                near = difflib.get_close_matches(key, list(_KNOWN), n=1)
-                hint = f"did you mean '{_KNOWN[near[0]]}'? " if near else ""
-                raise OptionError(key, f"unknown option for the lastagent-kafka sink; {hint}valid options: {valid}, "
-                                       "and kafka.* producer settings")
+            SINK_OPTIONS.check_known(key, "the lastagent-kafka sink")
         for required in ("kafka.bootstrap.servers", "link", "arbitrationTable", "checkpointLocation"):
             if not opts.get(required.lower(), "").strip():
                 hint = {
@@ -105,7 +92,7 @@ class KafkaSinkOptions(xid.LinkIds):
                 }[required]
                 raise OptionError(required, f"is required; {hint}")
         link = xid.check_link(opts["link"].strip())
-        timeout = _int(opts, "kafka.transaction.timeout.ms", 1000)
+        timeout = SINK_OPTIONS.integer_value(opts, "kafka.transaction.timeout.ms")
         client = {k[len("kafka."):]: v for k, v in opts.items() if k.startswith("kafka.")}
         client.pop("transaction.timeout.ms", None)
         return cls(
@@ -114,8 +101,8 @@ class KafkaSinkOptions(xid.LinkIds):
             client_config=client,
             topic=(opts.get("topic") or "").strip() or None,
             transaction_timeout_ms=timeout,
-            retention_epochs=_int(opts, "arbitrationRetentionEpochs", 0),
-            cleanup_every=_int(opts, "arbitrationCleanupEvery", 1),
-            phase2_parallelism=_int(opts, "phase2Parallelism", 1),
+            retention_epochs=SINK_OPTIONS.integer_value(opts, "arbitrationRetentionEpochs"),
+            cleanup_every=SINK_OPTIONS.integer_value(opts, "arbitrationCleanupEvery"),
+            phase2_parallelism=SINK_OPTIONS.integer_value(opts, "phase2Parallelism"),
             checkpoint_location=opts["checkpointlocation"],
         )

@@ -11,7 +11,6 @@ Every error names the option and what would be right.
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
 from collections.abc import Mapping
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lastagent.errors import OptionError
+from lastagent.options import Option, OptionTable
 
 #: Consumer settings the source owns, as in Spark's kafka source: a user value would break
 #: offset tracking (Spark's checkpoint holds the offsets) or the row schema.
@@ -31,69 +31,51 @@ _RESERVED = {
     "kafka.interceptor.classes": "not supported by the Python client",
 }
 
-#: The source's options: name → (default or None when required, description). The docs in
-#: docs/options.md are generated from this table (``python -m lastagent.options_doc``).
-SOURCE_OPTIONS: dict[str, tuple[str | None, str]] = {
-    "kafka.bootstrap.servers": (None, "Kafka bootstrap servers, host:port[,host:port]."),
-    "subscribe": ("", "Comma-separated topics to read. Exactly one of subscribe, subscribePattern, assign."),
-    "subscribePattern": ("", "Java-style regular expression; every topic whose whole name matches is read, "
-                             "including topics created later."),
-    "assign": ("", "JSON of the topic-partitions to read, e.g. {\"t\":[0,1]}."),
-    "startingOffsets": ("latest", "Where a new query starts: earliest, latest, group (the offsets committed "
-                                  "for kafka.group.id; partitions without one start at earliest) or JSON "
-                                  "{\"t\":{\"0\":23,\"1\":-2}} (-2 earliest, -1 latest). Ignored on restart: "
-                                  "the checkpoint's offsets win. Batch reads default to earliest and refuse "
-                                  "latest."),
-    "startingTimestamp": ("", "Start every partition at the first offset whose timestamp is >= this "
-                              "(milliseconds since the epoch). Wins over startingOffsets."),
-    "startingOffsetsByTimestamp": ("", "JSON {\"t\":{\"0\":1700000000000}}: a start timestamp per partition. "
-                                       "Wins over startingOffsets."),
-    "startingOffsetsByTimestampStrategy": ("error", "When no offset has a timestamp >= the given one: "
-                                                    "error (fail the query) or latest."),
-    "maxOffsetsPerTrigger": ("", "Upper bound on offsets per micro-batch, shared across partitions in "
-                                 "proportion to their backlog (Spark's admission control)."),
-    "minPartitions": ("", "Split large offset ranges so a batch has at least this many Spark partitions."),
-    "failOnDataLoss": ("true", "Fail the query when offsets it should read are gone (retention, deleted "
-                               "partition or topic); false logs a warning and skips them."),
-    "endingOffsets": ("latest", "Batch reads only: where the read ends (exclusive): latest or JSON "
-                                "{\"t\":{\"0\":23,\"1\":-1}} (-1 latest). Under read_committed, latest is "
-                                "the last stable offset."),
-    "endingTimestamp": ("", "Batch reads only: end every partition at the first offset whose timestamp is >= "
-                            "this (milliseconds since the epoch), or at latest where there is none. Wins over "
-                            "endingOffsets."),
-    "endingOffsetsByTimestamp": ("", "Batch reads only: JSON {\"t\":{\"0\":1700000000000}}, an end timestamp "
-                                     "per partition. Wins over endingOffsets."),
-    "includeHeaders": ("false", "Add the 'headers' column: array<struct<key:string, value:binary>>."),
-    "kafkaConsumer.pollTimeoutMs": ("120000", "How long a task waits for records it knows exist before "
-                                              "failing."),
-    "kafka.default.api.timeout.ms": ("60000", "Timeout of the driver's metadata and offset requests; an "
-                                              "unreachable broker fails the query after this."),
-    "kafka.isolation.level": ("read_committed", "read_committed skips records of aborted transactions and "
-                                                "never reads past an open one; read_uncommitted reads all."),
-    "maxRecordsPerArrowBatch": ("10000", "Rows per Arrow record batch handed to Spark (bounds a task's memory)."),
-}
-_KNOWN = {k.lower(): k for k in SOURCE_OPTIONS}
-_ISOLATION = ("read_committed", "read_uncommitted")
-
-
-def _bool(opts: Mapping[str, str], name: str) -> bool:
-    raw = str(opts.get(name.lower(), SOURCE_OPTIONS[name][0])).strip().lower()
-    if raw not in ("true", "false"):
-        raise OptionError(name, f"{raw!r} is not a boolean; give true or false")
-    return raw == "true"
-
-
-def _int(opts: Mapping[str, str], name: str, minimum: int) -> int | None:
-    raw = str(opts.get(name.lower(), SOURCE_OPTIONS[name][0])).strip()
-    if not raw:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise OptionError(name, f"{raw!r} is not an integer; give a whole number >= {minimum}") from None
-    if value < minimum:
-        raise OptionError(name, f"{value} is too small; give a whole number >= {minimum}")
-    return value
+#: The source's options. Parsing reads them through this table and docs/options.md is generated
+#: from it (``python -m lastagent.options_doc``).
+SOURCE_OPTIONS = OptionTable([
+    Option("kafka.bootstrap.servers", "string", None, "Kafka bootstrap servers, host:port[,host:port]."),
+    Option("subscribe", "list", "", "Comma-separated topics to read. Exactly one of subscribe, subscribePattern, assign."),
+    Option("subscribePattern", "string", "", "Java-style regular expression; every topic whose whole name matches is "
+                                             "read, including topics created later."),
+    Option("assign", "json", "", "JSON of the topic-partitions to read, e.g. {\"t\":[0,1]}."),
+    Option("startingOffsets", "string", "latest",
+           "Where a new query starts: earliest, latest, group (the offsets committed for kafka.group.id; partitions "
+           "without one start at earliest) or JSON {\"t\":{\"0\":23,\"1\":-2}} (-2 earliest, -1 latest). Ignored on "
+           "restart: the checkpoint's offsets win. Batch reads default to earliest and refuse latest."),
+    Option("startingTimestamp", "integer", "", "Start every partition at the first offset whose timestamp is >= this "
+                                               "(milliseconds since the epoch). Wins over startingOffsets.", minimum=0),
+    Option("startingOffsetsByTimestamp", "json", "", "JSON {\"t\":{\"0\":1700000000000}}: a start timestamp per "
+                                                     "partition. Wins over startingOffsets."),
+    Option("startingOffsetsByTimestampStrategy", "choice", "error",
+           "When no offset has a timestamp >= the given one: error (fail the query) or latest.",
+           choices=("error", "latest")),
+    Option("maxOffsetsPerTrigger", "integer", "", "Upper bound on offsets per micro-batch, shared across partitions in "
+                                                  "proportion to their backlog (Spark's admission control).", minimum=1),
+    Option("minPartitions", "integer", "", "Split large offset ranges so a batch has at least this many Spark "
+                                           "partitions.", minimum=1),
+    Option("failOnDataLoss", "boolean", "true", "Fail the query when offsets it should read are gone (retention, "
+                                                "deleted partition or topic); false logs a warning and skips them."),
+    Option("endingOffsets", "string", "latest",
+           "Batch reads only: where the read ends (exclusive): latest or JSON {\"t\":{\"0\":23,\"1\":-1}} "
+           "(-1 latest). Under read_committed, latest is the last stable offset."),
+    Option("endingTimestamp", "integer", "", "Batch reads only: end every partition at the first offset whose "
+                                             "timestamp is >= this (milliseconds since the epoch), or at latest where "
+                                             "there is none. Wins over endingOffsets.", minimum=0),
+    Option("endingOffsetsByTimestamp", "json", "", "Batch reads only: JSON {\"t\":{\"0\":1700000000000}}, an end "
+                                                   "timestamp per partition. Wins over endingOffsets."),
+    Option("includeHeaders", "boolean", "false", "Add the 'headers' column: array<struct<key:string, value:binary>>."),
+    Option("kafkaConsumer.pollTimeoutMs", "integer", "120000", "How long a task waits for records it knows exist "
+                                                               "before failing.", minimum=1),
+    Option("kafka.default.api.timeout.ms", "integer", "60000", "Timeout of the driver's metadata and offset requests; "
+                                                               "an unreachable broker fails the query after this.",
+           minimum=1),
+    Option("kafka.isolation.level", "choice", "read_committed",
+           "read_committed skips records of aborted transactions and never reads past an open one; read_uncommitted "
+           "reads all.", choices=("read_committed", "read_uncommitted")),
+    Option("maxRecordsPerArrowBatch", "integer", "10000", "Rows per Arrow record batch handed to Spark (bounds a "
+                                                          "task's memory).", minimum=1),
+], exempt=("path",), others="kafka.* consumer settings", blank_integer_is_unset=True)
 
 
 def _json(opts: Mapping[str, str], name: str, example: str) -> Any:
@@ -131,7 +113,7 @@ def _ending(opts: Mapping[str, str], batch: bool) -> tuple[str | dict[str, dict[
     if given and not batch:
         raise OptionError(given[0], "is for batch reads (spark.read) only; a streaming query reads until it is "
                                     "stopped (use trigger(availableNow=True) to stop at the offsets available now)")
-    ending_text = str(opts.get("endingoffsets", "latest")).strip()
+    ending_text = SOURCE_OPTIONS.raw(opts, "endingOffsets").strip()
     ending: str | dict[str, dict[int, int]] = ending_text
     if ending_text.lower() == "latest":
         ending = "latest"
@@ -147,7 +129,7 @@ def _ending(opts: Mapping[str, str], batch: bool) -> tuple[str | dict[str, dict[
     if str(opts.get("endingoffsetsbytimestamp", "")).strip():
         example = '{"topicA":{"0":1700000000000}}'
         by_ts = _partition_map(_json(opts, "endingOffsetsByTimestamp", example), "endingOffsetsByTimestamp", example)
-    return ending, _int(opts, "endingTimestamp", 0), by_ts
+    return ending, SOURCE_OPTIONS.integer(opts, "endingTimestamp"), by_ts
 
 
 @dataclass(frozen=True)
@@ -222,12 +204,7 @@ class KafkaSourceOptions:
             key = given.lower()
             if key in _RESERVED:
                 raise OptionError(given, f"cannot be set for the lastagent-kafka source: {_RESERVED[key]}")
-            if key not in _KNOWN and not key.startswith("kafka.") and key != "path":
-                valid = ", ".join(sorted(k for k in SOURCE_OPTIONS if not k.startswith("kafka.")))
-                near = difflib.get_close_matches(key, list(_KNOWN), n=1)
-                hint = f"did you mean '{_KNOWN[near[0]]}'? " if near else ""
-                raise OptionError(given, f"unknown option for the lastagent-kafka source; {hint}valid options: "
-                                         f"{valid}, and kafka.* consumer settings")
+            SOURCE_OPTIONS.check_known(given, "the lastagent-kafka source")
         if not opts.get("kafka.bootstrap.servers", "").strip():
             raise OptionError("kafka.bootstrap.servers", "is required, e.g. .option('kafka.bootstrap.servers', "
                                                          "'host:9092')")
@@ -279,16 +256,11 @@ class KafkaSourceOptions:
             example = '{"topicA":{"0":1700000000000}}'
             by_ts = _partition_map(_json(opts, "startingOffsetsByTimestamp", example),
                                    "startingOffsetsByTimestamp", example)
-        ts_strategy = str(opts.get("startingoffsetsbytimestampstrategy", "error")).strip().lower()
-        if ts_strategy not in ("error", "latest"):
-            raise OptionError("startingOffsetsByTimestampStrategy", f"{ts_strategy!r} is not valid; give error or latest")
-        isolation = str(opts.get("kafka.isolation.level", "read_committed")).strip().lower()
-        if isolation not in _ISOLATION:
-            raise OptionError("kafka.isolation.level", f"{isolation!r} is not valid; give read_committed or "
-                                                       "read_uncommitted")
+        ts_strategy = SOURCE_OPTIONS.choice(opts, "startingOffsetsByTimestampStrategy")
+        isolation = SOURCE_OPTIONS.choice(opts, "kafka.isolation.level")
         client = {k[len("kafka."):]: str(v) for k, v in opts.items() if k.startswith("kafka.")}
         client["isolation.level"] = isolation
-        api_timeout = _int(opts, "kafka.default.api.timeout.ms", 1)
+        api_timeout = SOURCE_OPTIONS.integer_value(opts, "kafka.default.api.timeout.ms")
         client.pop("default.api.timeout.ms", None)  # a Java client setting: ours, not librdkafka's
         return cls(
             client_config=client,
@@ -296,18 +268,18 @@ class KafkaSourceOptions:
             pattern=pattern,
             assign=assign,
             starting=starting,
-            starting_timestamp=_int(opts, "startingTimestamp", 0),
+            starting_timestamp=SOURCE_OPTIONS.integer(opts, "startingTimestamp"),
             starting_by_timestamp=by_ts,
             timestamp_strategy=ts_strategy,
             batch=batch,
             ending=ending,
             ending_timestamp=end_ts,
             ending_by_timestamp=end_by_ts,
-            max_offsets_per_trigger=_int(opts, "maxOffsetsPerTrigger", 1),
-            min_partitions=_int(opts, "minPartitions", 1),
-            fail_on_data_loss=_bool(opts, "failOnDataLoss"),
-            include_headers=_bool(opts, "includeHeaders"),
-            poll_timeout_ms=_int(opts, "kafkaConsumer.pollTimeoutMs", 1) or 120_000,
-            api_timeout_ms=api_timeout or 60_000,
-            batch_rows=_int(opts, "maxRecordsPerArrowBatch", 1) or 10_000,
+            max_offsets_per_trigger=SOURCE_OPTIONS.integer(opts, "maxOffsetsPerTrigger"),
+            min_partitions=SOURCE_OPTIONS.integer(opts, "minPartitions"),
+            fail_on_data_loss=SOURCE_OPTIONS.boolean(opts, "failOnDataLoss"),
+            include_headers=SOURCE_OPTIONS.boolean(opts, "includeHeaders"),
+            poll_timeout_ms=SOURCE_OPTIONS.integer_value(opts, "kafkaConsumer.pollTimeoutMs"),
+            api_timeout_ms=api_timeout,
+            batch_rows=SOURCE_OPTIONS.integer_value(opts, "maxRecordsPerArrowBatch"),
         )

@@ -33,6 +33,6 @@ def test_nothing_in_the_installed_package_can_kill_a_process():
     assert "lastagent.committer" in modules and "lastagent.demo" not in modules
     for path in root.rglob("*.py"):
         text = path.read_text()
-        for call in ("os.kill(", "os.killpg(", "SIGKILL", "signal.SIGTERM"):
+        for call in ("os.kill(", "os.killpg(", "import signal", "signal.SIG"):
             assert call not in text, f"{path.relative_to(root)} contains {call}"
     importlib.import_module("lastagent.examples")  # the example pipelines import without Spark running

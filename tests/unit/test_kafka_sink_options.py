@@ -103,7 +103,7 @@ class _Ctx:
 
 def test_a_task_without_a_batch_id_writes_nothing_rather_than_guess():
     from lastagent.errors import LastAgentError
-    from lastagent.sinks.kafka_sink import task_epoch
+    from lastagent.sinks.query_run import task_epoch
 
     assert task_epoch(_Ctx("7")) == 7
     for missing in (None, "", "-1", "x"):
@@ -113,7 +113,8 @@ def test_a_task_without_a_batch_id_writes_nothing_rather_than_guess():
 
 def test_commit_messages_name_one_run():
     from lastagent.errors import LastAgentError
-    from lastagent.sinks.kafka_sink import BranchMessage, generation_of
+    from lastagent.sinks.kafka_sink import BranchMessage
+    from lastagent.sinks.query_run import generation_of
 
     assert generation_of([], 3) is None
     assert generation_of([BranchMessage(3, 2, 0, 0, None), BranchMessage(3, 2, 1, 0, None)], 3) == 2
@@ -122,7 +123,7 @@ def test_commit_messages_name_one_run():
 
 
 def test_a_writer_that_skipped_query_start_refuses_to_write():
-    from lastagent.sinks.kafka_sink import NotStartedError, require_started
+    from lastagent.sinks.query_run import NotStartedError, require_started
 
     with pytest.raises(NotStartedError, match="without the query-start claim and recovery"):
         require_started(None)
