@@ -41,9 +41,26 @@ def read_committed(bootstrap: str, topic: str, expect: int, timeout_s: float = 3
     return rows
 
 
-#: Spark settings users have that differ from our test session's defaults: each driver-level
-#: test and crash point also runs under these.
+#: Spark settings users have that differ from our test session's defaults.
 DAEMON_OFF = {"spark.python.use.daemon": "false"}
+#: The driver sessions crash tests run in: name -> extra Spark settings.
+SESSIONS: dict[str, dict[str, str] | None] = {"daemon-on": None, "daemon-off": DAEMON_OFF}
+#: Set by ``make test-chaos-full``: every crash point in every session (the default run spreads the
+#: points over the sessions, to stay within the test budget).
+FULL = os.environ.get("LASTAGENT_CHAOS_FULL") == "1"
+
+
+def sessions_for(points: list[str]) -> list[tuple[str, str]]:
+    """(point, session) pairs: each point in every session when FULL, else in alternating sessions."""
+    names = sorted(SESSIONS)
+    if FULL:
+        return [(p, n) for p in points for n in names]
+    return [(p, names[i % len(names)]) for i, p in enumerate(points)]
+
+
+def sessions(default: str) -> list[str]:
+    """Every session when FULL, else ``default`` only."""
+    return sorted(SESSIONS) if FULL else [default]
 
 
 def run_driver(mode: str, args: list[str], crash_at: str | None, state: Path, timeout: float = 300,

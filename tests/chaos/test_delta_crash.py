@@ -61,11 +61,12 @@ SCHEDULE = ["before_files:1", "after_files:2", "after_arbitration:1", "in_recove
             "after_phase2:1", "before_dead_letter_table:1"]
 
 
-@pytest.mark.parametrize("session", ["daemon-on", "daemon-off"])
+@pytest.mark.parametrize("session", support.sessions(default="daemon-off"))
 def test_killed_at_every_point_in_turn_and_restarted_is_exactly_once(session, spark, kafka_bootstrap, new_topic,
                                                                       orders, tmp_path):
-    """The history with Spark's Python daemon on (the default) and off (Windows, some managed runtimes)."""
-    conf = support.DAEMON_OFF if session == "daemon-off" else None
+    """The history with Spark's Python daemon off (Windows, some managed runtimes; the integration tier runs
+    this sink with it on); ``make test-chaos-full`` runs it in both sessions."""
+    conf = support.SESSIONS[session]
     side = new_topic(partitions=2)
     link = f"chaos-d-{uuid.uuid4().hex[:8]}"
     table, dead = str(tmp_path / "orders"), str(tmp_path / "dead-letters")

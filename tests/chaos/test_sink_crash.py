@@ -40,16 +40,13 @@ def run_driver(args: list[str], crash_at: str | None, state: Path, **kw) -> int:
     return support.run_driver("sink-driver", args, crash_at, state, **kw)
 
 
-SESSIONS = {"daemon-on": None, "daemon-off": support.DAEMON_OFF}
-
-
-@pytest.mark.parametrize("session", sorted(SESSIONS))
-@pytest.mark.parametrize("point", [
+@pytest.mark.parametrize("point, session", support.sessions_for([
     "after_prepare:2", "after_arbitration:2", "between_branch_commits:2", "after_phase2:2", "in_recovery:1",
-])
+]))
 def test_crash_and_restart_is_exactly_once(point, session, kafka_bootstrap, new_topic, source_table, tmp_path):
-    """Each point, with Spark's Python daemon on (the default) and off (Windows, some managed runtimes)."""
-    conf = SESSIONS[session]
+    """Each point in a session with Spark's Python daemon on (the default) or off (Windows, some managed
+    runtimes); ``make test-chaos-full`` runs every point in both."""
+    conf = support.SESSIONS[session]
     topic = new_topic(partitions=2)
     link = f"chaos-{uuid.uuid4().hex[:8]}"
     args = [kafka_bootstrap, source_table, str(tmp_path / "ckpt"), str(tmp_path / "arb"), link, topic]
