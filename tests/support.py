@@ -6,9 +6,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Consumer
 
@@ -61,6 +64,26 @@ def sessions_for(points: list[str]) -> list[tuple[str, str]]:
 def sessions(default: str) -> list[str]:
     """Every session when FULL, else ``default`` only."""
     return sorted(SESSIONS) if FULL else [default]
+
+
+def race(fn: Callable[[str], Any], names: Sequence[str]) -> dict[str, Any]:
+    """Runs ``fn(name)`` for every name in threads released together; {name: result or exception}."""
+    barrier = threading.Barrier(len(names))
+    results: dict[str, Any] = {}
+
+    def run(name: str) -> None:
+        barrier.wait()
+        try:
+            results[name] = fn(name)
+        except Exception as exc:  # noqa: BLE001 — handed to the test, which asserts on it
+            results[name] = exc
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
 
 
 def run_driver(mode: str, args: list[str], crash_at: str | None, state: Path, timeout: float = 300,

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
+from support import race
 
 from lastagent.arbitration import ArbitrationError, ArbitrationRecord, DeltaArbitrationStore, InMemoryArbitrationStore, LinkMismatchError
 
@@ -30,26 +29,6 @@ def test_decide_once_then_follow(store):
     assert store.get("orders", 0).branches == ("a",)
     assert store.get("orders", 1) is None
     assert store.latest_epoch("orders") == 0
-
-
-def test_racing_deciders_exactly_one_wins(store):
-    for epoch in range(4):
-        barrier = threading.Barrier(2)
-        results = {}
-
-        def decide(name: str, barrier=barrier, results=results, epoch=epoch) -> None:
-            barrier.wait()
-            results[name] = store.decide(_rec(epoch, name), 1)
-
-        threads = [threading.Thread(target=decide, args=(n,)) for n in ("x", "y")]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert sorted(d.won for d in results.values()) == [False, True]
-        # The loser follows the winner: both see one record.
-        assert results["x"].record.branches == results["y"].record.branches
-        assert store.get("orders", epoch).branches == results["x"].record.branches
 
 
 def test_cleanup_keeps_unconfirmed_and_retained(store):
@@ -100,20 +79,10 @@ def any_store(request, tmp_path):
 
 
 def test_racing_deciders_exactly_one_wins_on_every_store(any_store):
+    """The loser follows the winner: both see one record."""
     generation = any_store.claim("orders", "q").generation
     for epoch in range(3):
-        barrier = threading.Barrier(2)
-        results = {}
-
-        def decide(name: str, barrier=barrier, results=results, epoch=epoch) -> None:
-            barrier.wait()
-            results[name] = any_store.decide(_rec(epoch, name), generation)
-
-        threads = [threading.Thread(target=decide, args=(n,)) for n in ("x", "y")]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        results = race(lambda name, epoch=epoch: any_store.decide(_rec(epoch, name), generation), ["x", "y"])
         assert sorted(d.won for d in results.values()) == [False, True]
         assert results["x"].record.branches == results["y"].record.branches
         assert any_store.get("orders", epoch).branches == results["x"].record.branches
@@ -145,25 +114,9 @@ def test_claim_racing_a_decision_leaves_no_decision_of_the_old_generation(tmp_pa
     store = DeltaArbitrationStore(str(tmp_path / "arb"))
     for epoch in range(4):
         old = store.claim("orders", "q")
-        barrier = threading.Barrier(2)
-        outcome = {}
-
-        def decide(barrier=barrier, outcome=outcome, epoch=epoch, old=old) -> None:
-            barrier.wait()
-            try:
-                outcome["decide"] = store.decide(_rec(epoch, f"b{epoch}"), old.generation)
-            except StaleOwnerError as exc:
-                outcome["decide"] = exc
-
-        def claim(barrier=barrier, outcome=outcome) -> None:
-            barrier.wait()
-            outcome["claim"] = store.claim("orders", "q")
-
-        threads = [threading.Thread(target=decide), threading.Thread(target=claim)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        outcome = race(lambda what, epoch=epoch, old=old: store.decide(_rec(epoch, f"b{epoch}"), old.generation)
+                       if what == "decide" else store.claim("orders", "q"), ["decide", "claim"])
+        assert not isinstance(outcome["claim"], Exception), outcome
         from deltalake import DeltaTable
 
         history = DeltaTable(store.path).history()

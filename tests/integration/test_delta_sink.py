@@ -271,10 +271,9 @@ def test_partition_column_not_in_the_query_is_refused_at_start(spark, source, tm
 
 def test_racing_deciders_on_the_target_table_one_wins_and_the_loser_drops_its_files(tmp_path):
     """Two deciders of one epoch with files of their own: one commit stands; the other's files are deleted."""
-    import threading
-
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from support import race
 
     from lastagent.arbitration import ArbitrationRecord
     from lastagent.sinks.delta_commit import StagedEpoch, TargetTableStore
@@ -289,18 +288,8 @@ def test_racing_deciders_on_the_target_table_one_wins_and_the_loser_drops_its_fi
         add = {"path": path.name, "size": path.stat().st_size, "partitionValues": {}, "modificationTime": 0,
                "dataChange": True, "stats": None}
         staged[name] = StagedEpoch((add,), schema, ((0, 0),))
-    barrier = threading.Barrier(2)
-    results = {}
-
-    def decide(name: str) -> None:
-        barrier.wait()
-        results[name] = store.decide(ArbitrationRecord("race", 0, "g", (name,)), generation, staged[name])
-
-    threads = [threading.Thread(target=decide, args=(n,)) for n in ("x", "y")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = race(lambda name: store.decide(ArbitrationRecord("race", 0, "g", (name,)), generation, staged[name]),
+                   ["x", "y"])
     assert sorted(d.won for d in results.values()) == [False, True]
     winner = next(n for n, d in results.items() if d.won)
     loser = "y" if winner == "x" else "x"
