@@ -460,14 +460,15 @@ class TargetTableStore:
 
     # -- files of undecided epochs ------------------------------------------------------------
 
-    def sweep(self, link: str, decided_through: int) -> int:
+    def sweep(self, link: str, decided_through: int, through_generation: int) -> int:
         """Deletes the link's data files that no decision references, in the table and the dead-letter table.
 
         Driver, at query start (and after an epoch whose tasks Spark retried).
 
         A file of an epoch newer than the newest decision was never committed; a file of a
         decided epoch from an attempt the decision does not list belongs to a failed or
-        superseded attempt. No task of the link runs while this runs.
+        superseded attempt. No task of this run or an earlier one runs while this runs; files of
+        a newer run (a generation above ``through_generation``) are that run's and left alone.
 
         Returns:
             The number of files deleted.
@@ -476,11 +477,12 @@ class TargetTableStore:
         removed = 0
         for path in (self.path, self.dead_letter_table):
             if path is not None:
-                removed += self._sweep(path, link, decided_through, attempts)
+                removed += self._sweep(path, link, decided_through, through_generation, attempts)
         return removed
 
     @staticmethod
-    def _sweep(path: str, link: str, decided_through: int, attempts: dict[int, set[tuple[int, int]]]) -> int:
+    def _sweep(path: str, link: str, decided_through: int, through_generation: int,
+               attempts: dict[int, set[tuple[int, int]]]) -> int:
         from pyarrow import fs as pafs
 
         filesystem, root = delta_files.filesystem(path)
@@ -495,9 +497,9 @@ class TargetTableStore:
             if info.type != pafs.FileType.File or "/_delta_log/" in info.path:
                 continue
             named = delta_files.parse_file_name(info.base_name)
-            if named is None or named[0] != link:
+            if named is None or named[0] != link or named[1] > through_generation:
                 continue
-            _, epoch, partition, attempt = named
+            _, _, epoch, partition, attempt = named
             orphan = epoch > decided_through or (
                 epoch >= oldest_known and epoch in attempts and (partition, attempt) not in attempts[epoch])
             if orphan:

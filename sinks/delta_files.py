@@ -26,23 +26,24 @@ from urllib.parse import quote
 import pyarrow as pa
 import pyarrow.compute as pc
 
-_NAME = re.compile(r"^lastagent-(?P<link>.+)-e(?P<epoch>\d+)-p(?P<partition>\d+)-a(?P<attempt>\d+)-[0-9a-f]{12}"
-                   r"\.snappy\.parquet$")
+_NAME = re.compile(r"^lastagent-(?P<link>.+)-g(?P<generation>\d+)-e(?P<epoch>\d+)-p(?P<partition>\d+)"
+                   r"-a(?P<attempt>\d+)-[0-9a-f]{12}\.snappy\.parquet$")
 #: Delta truncates string statistics; a longer max would need a tie-breaker, so it is left out.
 _STRING_PREFIX = 32
 
 
-def file_name(link: str, epoch: int, partition: int, attempt: int) -> str:
-    """A data file's base name: which link, epoch and task attempt wrote it."""
-    return f"lastagent-{link}-e{epoch}-p{partition}-a{attempt}-{uuid.uuid4().hex[:12]}.snappy.parquet"
+def file_name(link: str, generation: int, epoch: int, partition: int, attempt: int) -> str:
+    """A data file's base name: which link, run (generation), epoch and task attempt wrote it."""
+    return (f"lastagent-{link}-g{generation}-e{epoch}-p{partition}-a{attempt}-{uuid.uuid4().hex[:12]}"
+            ".snappy.parquet")
 
 
-def parse_file_name(name: str) -> tuple[str, int, int, int] | None:
-    """(link, epoch, partition, attempt) of a file this sink wrote, or None for any other file."""
+def parse_file_name(name: str) -> tuple[str, int, int, int, int] | None:
+    """(link, generation, epoch, partition, attempt) of a file this sink wrote, or None for any other file."""
     m = _NAME.match(name)
     if m is None:
         return None
-    return m["link"], int(m["epoch"]), int(m["partition"]), int(m["attempt"])
+    return m["link"], int(m["generation"]), int(m["epoch"]), int(m["partition"]), int(m["attempt"])
 
 
 def filesystem(root: str) -> tuple[Any, str]:
@@ -150,15 +151,15 @@ class FileWriter:
 
     Args:
         root: the table's location.
-        link, epoch, partition, attempt: name the files (see :func:`file_name`).
+        link, generation, epoch, partition, attempt: name the files (see :func:`file_name`).
         partition_by: the table's partition columns (not stored in the files, as Delta does).
         target_bytes: a file is closed and a new one started after about this many bytes.
     """
 
-    def __init__(self, root: str, link: str, epoch: int, partition: int, attempt: int,
+    def __init__(self, root: str, link: str, generation: int, epoch: int, partition: int, attempt: int,
                  partition_by: tuple[str, ...] = (), target_bytes: int = 128 << 20) -> None:
         self.fs, self.root = filesystem(root)
-        self.naming = (link, epoch, partition, attempt)
+        self.naming = (link, generation, epoch, partition, attempt)
         self.partition_by = partition_by
         self.target_bytes = target_bytes
         self.schema: pa.Schema | None = None

@@ -2,7 +2,7 @@
 
 * ``__init__`` runs on the driver at query start and again for each epoch's commit: it only
   parses the options. Query start is the first pickling of the writer (pyspark ships it to the
-  tasks; see :mod:`lastagent.sinks.kafka_sink`): it reads the table's schema, checks the query
+  tasks; see :mod:`lastagent.sinks.query_run`): it reads the table's schema, checks the query
   against it, claims the link's next generation, finishes what a crash left (Kafka side-output
   branches of decided epochs committed, the rest rolled back) and deletes data files no
   decision references.
@@ -70,7 +70,7 @@ class _Outputs:
         self.tid = options.transactional_id(generation, partition, attempt)
         self.branch: BranchWriter | None = None
         self.dead = 0
-        self.table_files = (FileWriter(options.dead_letter_table, options.link, epoch, partition, attempt)
+        self.table_files = (FileWriter(options.dead_letter_table, options.link, generation, epoch, partition, attempt)
                             if options.dead_letter_table else None)
         self._table_rows: list[dict[str, Any]] = []
 
@@ -213,7 +213,7 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
         if decided_through >= 0:
             # Only the newest decided epoch can miss its dead-letter commit (epochs run one by one).
             store.complete_dead_letters(self.options.link, decided_through)
-        store.sweep(self.options.link, decided_through)
+        store.sweep(self.options.link, decided_through, ownership.generation)
         return Started(ownership.generation, decided_through)
 
     def _store(self) -> TargetTableStore:
@@ -243,7 +243,8 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
             from deltalake import Schema
 
             target = delta_arrow_schema(pa.schema(Schema.from_json(self.table_schema_json).to_arrow()))
-        files = FileWriter(opts.path, opts.link, epoch, partition, attempt, self.partition_by, opts.target_file_bytes)
+        files = FileWriter(opts.path, opts.link, started.generation, epoch, partition, attempt, self.partition_by,
+                           opts.target_file_bytes)
         outputs = _Outputs(opts, epoch, started.generation, partition, attempt)
         try:
             for batch in iterator:
@@ -302,7 +303,7 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
         if any(m.attempt > 0 for m in msgs):
             # Spark retried a task: the failed attempts' files are orphans. No task runs between
             # epochs, so the start-of-query sweep is safe here too.
-            store.sweep(self.options.link, batchId)
+            store.sweep(self.options.link, batchId, generation)
         rows, dead = sum(m.rows for m in msgs), sum(m.dead_letters for m in msgs)
         log.info("link %s epoch %d: committed %d rows in %d files to %s; %d dead letters", self.options.link,
                  batchId, rows, len(staged.adds), self.options.path, dead)

@@ -121,16 +121,18 @@ def test_orphan_files_of_undecided_epochs_are_removed_at_start(spark, source, tm
     _write(spark, source, tmp_path, table, link=link).awaitTermination()
     from lastagent.sinks.delta_files import file_name
 
-    orphan = Path(table) / file_name(link, 99, 0, 0)
-    foreign = Path(table) / file_name("someone-else", 99, 0, 0)
-    orphan.write_bytes(b"x")
-    foreign.write_bytes(b"x")
+    orphan = Path(table) / file_name(link, 1, 99, 0, 0)
+    foreign = Path(table) / file_name("someone-else", 1, 99, 0, 0)
+    newer_run = Path(table) / file_name(link, 99, 99, 0, 0)  # a run that superseded the restart: its own
+    for f in (orphan, foreign, newer_run):
+        f.write_bytes(b"x")
     # The restarted query plans its writer (and cleans up) when it has a batch to run.
     (spark.range(120, 160).selectExpr("id", "'0' AS region", "CAST(id AS STRING) AS name",
                                       "TIMESTAMP '2026-01-01 00:00:00' AS ts")
      .write.format("delta").mode("append").save(source))
     _write(spark, source, tmp_path, table, link=link).awaitTermination()
-    assert not orphan.exists() and foreign.exists()
+    assert not orphan.exists() and foreign.exists() and newer_run.exists()
+    newer_run.unlink()
     assert spark.read.format("delta").load(table).count() == 160
 
 

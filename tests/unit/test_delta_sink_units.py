@@ -58,9 +58,10 @@ def test_partition_columns_option():
     assert DeltaSinkOptions.parse({**BASE, "partitionBy": "day, region"}).partition_by == ("day", "region")
 
 
-def test_file_names_say_link_epoch_task_and_attempt():
-    name = file_name("orders-eu", 12, 3, 1)
-    assert parse_file_name(name) == ("orders-eu", 12, 3, 1)
+def test_file_names_say_link_run_epoch_task_and_attempt():
+    name = file_name("orders-eu", 4, 12, 3, 1)
+    assert parse_file_name(name) == ("orders-eu", 4, 12, 3, 1)
+    assert parse_file_name(file_name("a-g1", 2, 0, 0, 0)) == ("a-g1", 2, 0, 0, 0)
     assert parse_file_name("part-00000-abc.snappy.parquet") is None
 
 
