@@ -4,7 +4,7 @@
   writer from the same options) for each epoch's commit / abort. It only parses and checks:
   it cannot know which of the two it is, so it changes nothing.
 * Query start is told apart positively: pyspark pickles the writer only to ship it to the
-  tasks (:func:`started`). Before the first pickle, the driver claims the link's next
+  tasks (:class:`~lastagent.sinks.query_run.StartsWhenShipped`). Before the first pickle, the driver claims the link's next
   generation and finishes what a crash left: open branches of decided epochs are committed,
   every other open branch of earlier generations is rolled back. The pickled writer carries
   the generation, so no task can run without that recovery, and its commit messages prove
@@ -34,7 +34,6 @@ from lastagent.sinks.query_run import (Started, StartsWhenShipped, generation_of
                                        task_epoch)
 
 log = logging.getLogger("lastagent.sink")
-
 
 
 @dataclass(frozen=True)
