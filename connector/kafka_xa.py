@@ -31,6 +31,7 @@ from lastagent.errors import KafkaProtocolError, LastAgentError
 from lastagent.kafka_wire import TransactionCoordinatorClient
 
 _MSG_SIZE_TOO_LARGE = KafkaError.MSG_SIZE_TOO_LARGE
+_PURGED = (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
 
 
 def _failed_transaction(exc: KafkaException) -> bool:
@@ -170,6 +171,7 @@ class BranchWriter:
         self._client_config = dict(client_config)
         self._records = 0
         self._errors: list[str] = []
+        self._purged = 0
         config = producer_config(client_config, transactional_id, timeout_ms)
         # Delivery reports for failures only: a Python callback per delivered record costs more
         # than the produce() call itself, and success is what flush() already tells us.
@@ -182,7 +184,10 @@ class BranchWriter:
 
     def _on_delivery(self, err: Any, msg: Any) -> None:
         # Called from poll/flush, for failed records only (delivery.report.only.error).
-        if err is not None:
+        if err is not None and err.code() in _PURGED:
+            # Not a cause: records the client dropped because the transaction had already failed.
+            self._purged += 1
+        elif err is not None:
             where = f"topic {msg.topic()} partition {msg.partition()}"
             if msg.key() is not None:
                 where += f" key {msg.key()[:64]!r}"
@@ -194,9 +199,16 @@ class BranchWriter:
 
     def _refused(self, exc: Exception) -> BranchError:
         """The error for a produce() the client refused: the delivery failure that caused it, if known."""
-        self._producer.poll(0)  # collect the failed records' reports
-        cause = "; ".join(self._errors[:3]) or str(exc)
-        return BranchError(f"branch {self.transactional_id}: the transaction failed and must be aborted: {cause}")
+        self._producer.flush(10)  # serve every pending report: the cause is among them (bounded wait)
+        return BranchError(f"branch {self.transactional_id}: the transaction failed and must be aborted: "
+                           f"{self._failures() or exc}")
+
+    def _failures(self) -> str:
+        """The failed records' causes, then how many records were dropped with the transaction."""
+        text = "; ".join(self._errors[:3])
+        if self._purged:
+            text += f"{'; ' if text else ''}{self._purged} more record(s) dropped with the failed transaction"
+        return text
 
     def send(self, topic: str, value: bytes | None, key: bytes | None = None,
              headers: Sequence[tuple[str, str | bytes | None]] | None = None, partition: int | None = None) -> None:
@@ -248,8 +260,8 @@ class BranchWriter:
         left = self._producer.flush(flush_timeout_s)
         if left:
             raise BranchError(f"branch {self.transactional_id}: {left} records not flushed within {flush_timeout_s}s")
-        if self._errors:
-            raise BranchError(f"branch {self.transactional_id}: delivery failed: {'; '.join(self._errors[:5])}")
+        if self._errors or self._purged:
+            raise BranchError(f"branch {self.transactional_id}: delivery failed: {self._failures()}")
         if self._records == 0:
             return BranchHandle(self.transactional_id, -1, -1, 0, ())
         pid, epoch, partitions = describe_open(self._client_config, self.transactional_id, admin)
