@@ -1,10 +1,11 @@
-"""A small synchronous Kafka protocol client for the transaction coordinator's verbs.
+"""The transaction coordinator's verbs, sent through kafka-python's own client. Driver side.
 
 Runs on the driver and in the ``lastagent`` command. It finishes a prepared branch (an open
 Kafka transaction) from any process, given its handle, with the public ``EndTxn`` request sent
-to the coordinator that ``FindCoordinator`` names. Messages are encoded and decoded by
-kafka-python's protocol layer; this module only frames them on a socket and negotiates versions
-with ``ApiVersions``.
+to the coordinator that ``FindCoordinator`` names. Connections, version negotiation, TLS and
+SASL are kafka-python's (``KafkaAdminClient`` and its connection manager), configured from the
+user's ``kafka.*`` settings by :class:`lastagent.kafka_config.KafkaConfig`, so these requests
+authenticate exactly like every other client the connector opens.
 
 Why not the producer: Kafka has no released client API to resume another process's
 transaction (KIP-939's calls were pulled), and Flink's route writes private producer fields.
@@ -13,18 +14,30 @@ transaction (KIP-939's calls were pulled), and Flink's route writes private prod
 from __future__ import annotations
 
 import socket
-import struct
+import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kafka import errors as kafka_errors
-from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
-from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest, FindCoordinatorResponse
-from kafka.protocol.producer.transaction import EndTxnRequest, EndTxnResponse
+from kafka.admin import KafkaAdminClient
+from kafka.protocol.metadata import CoordinatorType
+from kafka.protocol.producer.transaction import EndTxnRequest
 
 from lastagent.errors import KafkaProtocolError
+from lastagent.kafka_config import KafkaConfig
 
-_TRANSACTION_COORDINATOR = 1  # FindCoordinator key_type for transactional ids
+#: The Kafka API keys an outside transaction coordinator client needs, by name.
+_NEEDED_APIS = ((26, "EndTxn"), (65, "DescribeTransactions"), (66, "ListTransactions"))
+
+#: What a denied request needs, by kafka-python's error class (see docs/security.md).
+_ACL_HINTS = {
+    "TopicAuthorizationFailedError": "Describe (and Write to produce, Read to consume) on the Topic",
+    "GroupAuthorizationFailedError": "Read on the consumer Group (kafka.group.id)",
+    "TransactionalIdAuthorizationFailedError": "Write and Describe on TransactionalId, prefixed "
+                                               "'lastagent-<link>-'",
+    "ClusterAuthorizationFailedError": "Describe and DescribeConfigs on the Cluster",
+}
 
 
 @dataclass(frozen=True)
@@ -53,117 +66,94 @@ def _error_name(code: int) -> str:
     return str(getattr(kafka_errors.for_code(code), "message", f"ERROR_{code}"))
 
 
-class _Connection:
-    """One TCP connection to one broker, with the API versions it supports."""
+def explain(exc: BaseException, what: str) -> KafkaProtocolError:
+    """A :class:`KafkaProtocolError` for a kafka-python failure of ``what``, naming the missing ACL
+    or the setting to check; never the settings' values."""
+    name = type(exc).__name__
+    if name in _ACL_HINTS:
+        return KafkaProtocolError(f"{what}: the broker denied it ({getattr(exc, 'message', name)}); the link's "
+                                  f"principal needs {_ACL_HINTS[name]} (docs/security.md)")
+    if isinstance(exc, kafka_errors.SaslAuthenticationFailedError):
+        return KafkaProtocolError(f"{what}: SASL authentication failed ({exc}); check the username and password in "
+                                  "kafka.sasl.jaas.config (or kafka.sasl.username/kafka.sasl.password) and "
+                                  "kafka.sasl.mechanism")
+    retriable = bool(getattr(exc, "retriable", False)) or isinstance(exc, OSError)
+    return KafkaProtocolError(f"{what}: {name}: {exc}", retriable=retriable)
 
-    def __init__(self, host: str, port: int, timeout_s: float, client_id: str) -> None:
-        self._sock = socket.create_connection((host, port), timeout=timeout_s)
-        self._client_id = client_id
-        self._correlation = 0
-        self.address = f"{host}:{port}"
-        self.versions: dict[int, tuple[int, int]] = {}
-        #: The cluster's finalized feature levels (KIP-584), e.g. ``transaction.version``.
-        self.features: dict[str, int] = {}
-        # ApiVersions v0..3: the broker answers with its ranges; v3 is the newest we all know.
-        resp = self.send(ApiVersionsRequest(client_software_name="lastagent",
-                                            client_software_version="0"),
-                         ApiVersionsResponse, version=3)
-        if resp.error_code != 0:
-            raise KafkaProtocolError(f"ApiVersions to {self.address} failed: {_error_name(resp.error_code)}")
-        for api in resp.api_keys:
-            self.versions[api.api_key] = (api.min_version, api.max_version)
-        for feature in getattr(resp, "finalized_features", None) or ():
-            self.features[feature.name] = int(feature.max_version_level)
 
-    def version_for(self, request_cls: Any) -> int:
-        """The highest version both this library and the broker speak."""
-        lo, hi = request_cls.valid_versions
-        b_lo, b_hi = self.versions.get(request_cls.API_KEY, (-1, -1))
-        v = min(hi, b_hi)
-        if v < max(lo, b_lo):
-            raise KafkaProtocolError(
-                f"broker {self.address} supports {request_cls.__name__} versions {b_lo}..{b_hi}, "
-                f"kafka-python {lo}..{hi}: no common version"
-            )
-        return v
+class _Admin(KafkaAdminClient):
+    """kafka-python's admin client that stops its I/O thread if it cannot bootstrap and says why."""
 
-    def send(self, request: Any, response_cls: Any, version: int | None = None) -> Any:
-        version = self.version_for(type(request)) if version is None else version
-        self._correlation += 1
-        request.API_VERSION = version
-        request.with_header(correlation_id=self._correlation, client_id=self._client_id)
-        self._sock.sendall(request.encode(version=version, header=True, framed=True))
-        size = struct.unpack(">i", self._recv_exact(4))[0]
-        payload = self._recv_exact(size)
-        resp = response_cls.decode(payload, version=version, header=True)
-        if resp._header.correlation_id != self._correlation:  # noqa: SLF001 (kafka-python field)
-            raise KafkaProtocolError(f"out-of-order response from {self.address}")
-        return resp
+    def __init__(self, config: KafkaConfig, timeout_ms: int) -> None:
+        self._closed = True  # close() before bootstrap succeeded must not find a missing attribute
+        try:
+            super().__init__(**config.kafka_python(timeout_ms))
+        except kafka_errors.KafkaError as exc:
+            auth = next(iter(getattr(getattr(self, "_manager", None), "_auth_failures", {}).values()), None)
+            if getattr(self, "_net", None) is not None:
+                self._closed = False
+                self.close()
+            if auth is not None:
+                raise explain(auth, f"connecting to {config.bootstrap_servers}") from None
+            raise KafkaProtocolError(_unreachable(config, timeout_ms, exc), retriable=True) from None
 
-    def _recv_exact(self, n: int) -> bytes:
-        buf = bytearray()
-        while len(buf) < n:
-            chunk = self._sock.recv(n - len(buf))
-            if not chunk:
-                raise KafkaProtocolError(f"connection to {self.address} closed mid-response")
-            buf += chunk
-        return bytes(buf)
 
-    def close(self) -> None:
-        self._sock.close()
+def admin_client(config: KafkaConfig | Mapping[str, str], timeout_ms: int | None = None) -> Any:
+    """A connected kafka-python ``KafkaAdminClient`` for ``config``. Driver side.
+
+    Raises:
+        KafkaProtocolError: no broker answered within ``timeout_ms`` (default: ``request.timeout.ms``,
+            else 30 s), TLS failed, or SASL authentication failed; the message says which.
+    """
+    config = KafkaConfig.of(config)
+    if not config.bootstrap_servers.strip():
+        raise KafkaProtocolError("kafka.bootstrap.servers is empty; give host:port[,host:port]")
+    return _Admin(config, timeout_ms or int(config.get("request.timeout.ms", "30000")))
+
+
+def _unreachable(config: KafkaConfig, timeout_ms: int, exc: BaseException) -> str:
+    """Why no bootstrap server could be used: unreachable, TLS refused, or no answer in time."""
+    reasons = []
+    for server in config.bootstrap_servers.split(","):
+        host, _, port = server.strip().rpartition(":")
+        if not host or not port.isdigit():
+            return f"bad bootstrap server {server.strip()!r} in kafka.bootstrap.servers: expected host:port"
+        host = host.strip("[]")
+        try:
+            with socket.create_connection((host, int(port)), timeout=min(timeout_ms / 1000, 10)) as sock:
+                if config.security.tls:
+                    with config.ssl_context().wrap_socket(sock, server_hostname=host):
+                        pass
+        except ssl.SSLError as tls:
+            reasons.append(f"{host}:{port}: TLS handshake failed ({tls.reason or tls}); check "
+                           "kafka.ssl.truststore.location (or kafka.ssl.ca.location), "
+                           "kafka.ssl.endpoint.identification.algorithm and kafka.security.protocol")
+        except OSError as err:
+            reasons.append(f"{host}:{port}: {err.strerror or err}")
+    detail = "; ".join(reasons) if reasons else f"{type(exc).__name__}: {exc}"
+    return (f"no Kafka broker could be used at {config.bootstrap_servers} within {timeout_ms} ms "
+            f"(kafka.bootstrap.servers, kafka.security.protocol {config.security.protocol}): {detail}")
 
 
 class TransactionCoordinatorClient:
     """Sends transaction-coordinator requests for any transactional id. Driver side.
 
     Args:
-        bootstrap_servers: ``host:port[,host:port...]``, as ``kafka.bootstrap.servers``.
-        timeout_s: socket timeout for each request.
+        config: the user's ``kafka.*`` settings (prefix removed), checked or not.
+        timeout_ms: bound of the first connection and of each request.
     """
 
-    def __init__(self, bootstrap_servers: str, timeout_s: float = 30.0, client_id: str = "lastagent") -> None:
-        self._bootstrap = [_split_host_port(s) for s in bootstrap_servers.split(",") if s.strip()]
-        if not self._bootstrap:
-            raise KafkaProtocolError("kafka.bootstrap.servers is empty; give host:port[,host:port]")
-        self._timeout_s = timeout_s
-        self._client_id = client_id
-        self._conns: dict[tuple[str, int], _Connection] = {}
+    def __init__(self, config: KafkaConfig | Mapping[str, str], timeout_ms: int | None = None) -> None:
+        self._config = KafkaConfig.of(config)
+        self._timeout_ms = timeout_ms
+        self._admin: Any = None
 
-    def _conn(self, host: str, port: int) -> _Connection:
-        key = (host, port)
-        if key not in self._conns:
-            self._conns[key] = _Connection(host, port, self._timeout_s, self._client_id)
-        return self._conns[key]
-
-    def _any_conn(self) -> _Connection:
-        last: Exception | None = None
-        for host, port in self._bootstrap:
-            try:
-                return self._conn(host, port)
-            except OSError as exc:
-                last = exc
-        raise KafkaProtocolError(f"no bootstrap server answered ({self._bootstrap}): {last}")
-
-    def find_coordinator(self, transactional_id: str) -> tuple[str, int]:
-        """The (host, port) of the transaction coordinator that owns transactional_id."""
-        conn = self._any_conn()
-        version = conn.version_for(FindCoordinatorRequest)
-        if version >= 4:
-            resp = conn.send(FindCoordinatorRequest(key_type=_TRANSACTION_COORDINATOR,
-                                                    coordinator_keys=[transactional_id]),
-                             FindCoordinatorResponse, version)
-            c = resp.coordinators[0]
-            error, host, port = c.error_code, c.host, c.port
-        else:
-            resp = conn.send(FindCoordinatorRequest(key=transactional_id, key_type=_TRANSACTION_COORDINATOR),
-                             FindCoordinatorResponse, version)
-            error, host, port = resp.error_code, resp.host, resp.port
-        if error != 0:
-            raise KafkaProtocolError(
-                f"FindCoordinator for transactional.id {transactional_id!r} failed: {_error_name(error)}",
-                retriable=True,
-            )
-        return host, port
+    @property
+    def admin(self) -> Any:
+        """The kafka-python admin client, connected on first use."""
+        if self._admin is None:
+            self._admin = admin_client(self._config, self._timeout_ms)
+        return self._admin
 
     def transaction_protocol(self) -> int:
         """The transaction protocol the cluster runs: 2 (KIP-890: every end bumps the producer
@@ -173,14 +163,18 @@ class TransactionCoordinatorClient:
             KafkaProtocolError: the broker cannot serve an outside coordinator: it lacks
                 ListTransactions / DescribeTransactions (Kafka before 3.0) or EndTxn.
         """
-        conn = self._any_conn()
-        missing = [name for key, name in ((26, "EndTxn"), (65, "DescribeTransactions"), (66, "ListTransactions"))
-                   if key not in conn.versions]
+        versions = {int(k): v for k, v in self.admin.api_versions().items()}
+        missing = [name for key, name in _NEEDED_APIS if key not in versions]
         if missing:
             raise KafkaProtocolError(
-                f"broker {conn.address} does not support {', '.join(missing)}: lastagent finishes and recovers "
-                "transactions from outside the producer and needs Apache Kafka 3.0 or newer")
-        return 2 if conn.features.get("transaction.version", 0) >= 2 else 1
+                f"the broker at {self._config.bootstrap_servers} does not support {', '.join(missing)}: lastagent "
+                "finishes and recovers transactions from outside the producer and needs Apache Kafka 3.0 or newer")
+        try:
+            features = self.admin.describe_features()
+        except kafka_errors.KafkaError as exc:
+            raise explain(exc, "reading the cluster's finalized features (ApiVersions)") from None
+        level = features.get("transaction.version", {}).get("finalized", (0, 0))[1]
+        return 2 if level >= 2 else 1
 
     def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool) -> EndTxnResult:
         """Commits (or aborts) the open transaction named by its handle.
@@ -188,30 +182,43 @@ class TransactionCoordinatorClient:
         Returns the coordinator's answer without raising on Kafka errors, so the caller (the
         protocol core) decides what each answer means, e.g. that a retried end after
         transaction protocol v2 bumped the epoch is already done.
+
+        Raises:
+            KafkaProtocolError: the request could not be sent or answered (retriable when a retry
+                may help), or the coordinator could not be found.
         """
-        host, port = self.find_coordinator(transactional_id)
-        conn = self._conn(host, port)
-        req = EndTxnRequest(transactional_id=transactional_id, producer_id=producer_id,
-                            producer_epoch=producer_epoch, committed=commit)
-        resp = conn.send(req, EndTxnResponse)
-        pid = getattr(resp, "producer_id", -1)
-        epoch = getattr(resp, "producer_epoch", -1)
-        return EndTxnResult(_error_name(resp.error_code), pid, epoch)
+        admin = self.admin
+
+        async def end() -> Any:
+            node = await admin._find_coordinator_id(transactional_id, key_type=CoordinatorType.TRANSACTION)
+            request = EndTxnRequest(transactional_id=transactional_id, producer_id=producer_id,
+                                    producer_epoch=producer_epoch, committed=commit)
+            return await admin._manager.send(request, node_id=node)
+
+        try:
+            resp = admin._manager.run(end)
+        except kafka_errors.KafkaError as exc:
+            self.forget_coordinator(transactional_id)
+            raise explain(exc, f"EndTxn for transactional.id {transactional_id!r}") from None
+        result = EndTxnResult(_error_name(resp.error_code), getattr(resp, "producer_id", -1),
+                              getattr(resp, "producer_epoch", -1))
+        if not result.ok:
+            self.forget_coordinator(transactional_id)  # NOT_COORDINATOR and friends: ask again next time
+        return result
+
+    def forget_coordinator(self, transactional_id: str) -> None:
+        """Drops the cached coordinator of transactional_id, so the next request finds it anew."""
+        if self._admin is not None:
+            # kafka-python caches coordinators in its cluster metadata and has no public eviction.
+            self._admin._manager.cluster._coordinators.pop((CoordinatorType.TRANSACTION, transactional_id), None)
 
     def close(self) -> None:
-        for conn in self._conns.values():
-            conn.close()
-        self._conns.clear()
+        if self._admin is not None:
+            self._admin.close()
+            self._admin = None
 
     def __enter__(self) -> "TransactionCoordinatorClient":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _split_host_port(server: str) -> tuple[str, int]:
-    host, _, port = server.strip().rpartition(":")
-    if not host or not port.isdigit():
-        raise KafkaProtocolError(f"bad bootstrap server {server!r}: expected host:port")
-    return host.strip("[]"), int(port)

@@ -28,7 +28,8 @@ from confluent_kafka import KafkaError, KafkaException
 
 from lastagent import faults
 from lastagent.errors import KafkaProtocolError, LastAgentError
-from lastagent.kafka_wire import TransactionCoordinatorClient
+from lastagent.kafka_config import KafkaConfig
+from lastagent.kafka_wire import TransactionCoordinatorClient, admin_client, explain
 
 _MSG_SIZE_TOO_LARGE = KafkaError.MSG_SIZE_TOO_LARGE
 _PURGED = (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
@@ -135,12 +136,13 @@ class OpenTransaction:
         return BranchHandle(self.transactional_id, self.producer_id, self.producer_epoch, 1, self.partitions)
 
 
-def producer_config(client_config: Mapping[str, str], transactional_id: str, timeout_ms: int) -> dict[str, Any]:
+def producer_config(client_config: KafkaConfig | Mapping[str, str], transactional_id: str,
+                    timeout_ms: int) -> dict[str, Any]:
     """confluent-kafka settings for one branch's producer. Executor side.
 
     ``client_config`` holds the user's ``kafka.*`` options with the prefix removed.
     """
-    config: dict[str, Any] = dict(client_config)
+    config: dict[str, Any] = KafkaConfig.of(client_config).librdkafka()
     # librdkafka buffers up to 1 GB by default; a branch only needs enough to keep batches
     # flowing, and the Python worker must stay bounded whatever a partition's size.
     config.setdefault("queue.buffering.max.kbytes", 32_768)
@@ -163,12 +165,12 @@ class BranchWriter:
             may pass one that is already connected.
     """
 
-    def __init__(self, client_config: Mapping[str, str], transactional_id: str, timeout_ms: int,
+    def __init__(self, client_config: KafkaConfig | Mapping[str, str], transactional_id: str, timeout_ms: int,
                  init_timeout_s: float = 60.0) -> None:
         from confluent_kafka import Producer  # executor-only dependency on the data path
 
         self.transactional_id = transactional_id
-        self._client_config = dict(client_config)
+        self._client_config = KafkaConfig.of(client_config)
         self._records = 0
         self._errors: list[str] = []
         self._purged = 0
@@ -285,28 +287,17 @@ class BranchWriter:
         del producer
 
 
-def _admin(client_config: Mapping[str, str]) -> Any:
-    from kafka.admin import KafkaAdminClient
-
-    return KafkaAdminClient(bootstrap_servers=client_config["bootstrap.servers"], client_id="lastagent",
-                            **_kafka_python_security(client_config))
-
-
-def _kafka_python_security(client_config: Mapping[str, str]) -> dict[str, Any]:
-    # Only PLAINTEXT is tested here; pass the librdkafka names kafka-python shares.
-    out: dict[str, Any] = {}
-    if "security.protocol" in client_config:
-        out["security_protocol"] = client_config["security.protocol"]
-    return out
-
-
-def describe_open(client_config: Mapping[str, str], transactional_id: str,
+def describe_open(client_config: KafkaConfig | Mapping[str, str], transactional_id: str,
                   admin: Any = None) -> tuple[int, int, tuple[tuple[str, int], ...]]:
     """(producer id, producer epoch, partitions) of transactional_id's open transaction, from the broker."""
+    from kafka.errors import KafkaError as PyKafkaError
+
     own = admin is None
-    admin = admin or _admin(client_config)
+    admin = admin or admin_client(client_config)
     try:
         desc = admin.describe_transactions([transactional_id])[transactional_id]
+    except PyKafkaError as exc:
+        raise BranchError(str(explain(exc, f"branch {transactional_id}: describing the prepared transaction"))) from None
     finally:
         if own:
             admin.close()
@@ -365,15 +356,15 @@ class KafkaXAResource:
         end_deadline_s: how long one commit or rollback retries retriable answers.
     """
 
-    def __init__(self, client_config: Mapping[str, str], timeout_ms: int = 900_000,
+    def __init__(self, client_config: KafkaConfig | Mapping[str, str], timeout_ms: int = 900_000,
                  end_deadline_s: float = 60.0) -> None:
-        if "bootstrap.servers" not in client_config:
+        self._config = KafkaConfig.of(client_config)
+        if not self._config.bootstrap_servers.strip():
             raise KafkaProtocolError("kafka.bootstrap.servers is required")
-        self._config = dict(client_config)
         self._timeout_ms = timeout_ms
         self._end_deadline_s = end_deadline_s
-        self._wire = TransactionCoordinatorClient(self._config["bootstrap.servers"])
-        self._admin_client: Any = None
+        # One kafka-python client (its own I/O thread, thread-safe) for admin and coordinator requests.
+        self._wire = TransactionCoordinatorClient(self._config)
         self._protocol: int | None = None
 
     def transaction_protocol(self) -> int:
@@ -444,9 +435,10 @@ class KafkaXAResource:
             try:
                 res = self._wire.end_txn(handle.transactional_id, handle.producer_id, handle.producer_epoch, commit)
                 error = res.error
-            except (OSError, KafkaProtocolError) as exc:
-                self._wire.close()  # reconnect: the coordinator may have moved or restarted
-                error = f"CONNECTION: {exc}"
+            except KafkaProtocolError as exc:
+                if not exc.retriable:
+                    raise  # denied or misconfigured: retrying cannot help
+                error = f"CONNECTION: {exc}"  # kafka-python reconnects; the coordinator may have moved
             if error == "NONE":
                 return EndResult(handle, EndOutcome.COMMITTED if commit else EndOutcome.ROLLED_BACK)
             if error in _GONE:
@@ -502,7 +494,7 @@ class KafkaXAResource:
         return "unknown"
 
     def end_all(self, handles: Iterable[BranchHandle], commit: bool, parallelism: int = 8) -> list[EndResult]:
-        """Ends many branches in parallel (phase 2). Each thread has its own connection."""
+        """Ends many branches in parallel (phase 2), results in the order given."""
         from concurrent.futures import ThreadPoolExecutor
 
         handles = list(handles)
@@ -515,22 +507,9 @@ class KafkaXAResource:
         if len(handles) <= 1:
             return first + [self._end(h, commit) for h in handles]
 
-        # One coordinator connection per worker thread for the whole call, not one per branch.
-        workers = min(parallelism, len(handles))
-        shares = [handles[i::workers] for i in range(workers)]
-
-        def run(share: list[BranchHandle]) -> list[EndResult]:
-            worker = KafkaXAResource(self._config, self._timeout_ms, self._end_deadline_s)
-            worker._protocol = self._protocol
-            try:
-                return [worker._end(h, commit) for h in share]
-            finally:
-                worker.close()
-
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            done = list(pool.map(run, shares))
-        by_handle = {id(r.handle): r for results in done for r in results}
-        return first + [by_handle[id(h)] for h in handles]
+        # Threads share this resource's kafka-python client, which pipelines their requests.
+        with ThreadPoolExecutor(max_workers=min(parallelism, len(handles))) as pool:
+            return first + list(pool.map(lambda h: self._end(h, commit), handles))
 
     # -- recover -------------------------------------------------------------------------------
 
@@ -558,15 +537,10 @@ class KafkaXAResource:
         return out
 
     def _admin(self) -> Any:
-        if self._admin_client is None:
-            self._admin_client = _admin(self._config)
-        return self._admin_client
+        return self._wire.admin
 
     def close(self) -> None:
         self._wire.close()
-        if self._admin_client is not None:
-            self._admin_client.close()
-            self._admin_client = None
 
     def __enter__(self) -> "KafkaXAResource":
         return self

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from lastagent import xid
+from lastagent.kafka_config import KafkaConfig
 from lastagent.errors import OptionError
 from lastagent.options import Option, OptionTable
 from lastagent.sinks.kafka_sink_options import DEFAULT_TRANSACTION_TIMEOUT_MS
@@ -108,7 +109,7 @@ class DeltaSinkOptions(xid.LinkIds):
     side_topics: tuple[str, ...] = ()
     keep_headers: tuple[str, ...] = ()
     drop_headers: tuple[str, ...] = ()
-    client_config: dict[str, str] = field(default_factory=dict)
+    client_config: KafkaConfig = field(default_factory=lambda: KafkaConfig({}))
     transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS
     phase2_parallelism: int = 8
     # Read by the committer; the table's own commit history is the arbitration, so Delta's log
@@ -169,7 +170,7 @@ class DeltaSinkOptions(xid.LinkIds):
             side_topics=side,
             keep_headers=keep,
             drop_headers=drop,
-            client_config=client,
+            client_config=KafkaConfig.parse(client),
             transaction_timeout_ms=DELTA_SINK_OPTIONS.integer_value(opts, "kafka.transaction.timeout.ms"),
             phase2_parallelism=DELTA_SINK_OPTIONS.integer_value(opts, "phase2Parallelism"),
         )

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from lastagent import xid
+from lastagent.kafka_config import KafkaConfig
 from lastagent.errors import OptionError
 from lastagent.options import Option, OptionTable
 
@@ -54,7 +55,7 @@ class KafkaSinkOptions(xid.LinkIds):
 
     link: str
     arbitration_table: str
-    client_config: dict[str, str]
+    client_config: KafkaConfig
     topic: str | None
     transaction_timeout_ms: int
     retention_epochs: int
@@ -98,7 +99,7 @@ class KafkaSinkOptions(xid.LinkIds):
         return cls(
             link=link,
             arbitration_table=opts["arbitrationtable"].strip(),
-            client_config=client,
+            client_config=KafkaConfig.parse(client),
             topic=(opts.get("topic") or "").strip() or None,
             transaction_timeout_ms=timeout,
             retention_epochs=SINK_OPTIONS.integer_value(opts, "arbitrationRetentionEpochs"),

@@ -146,7 +146,7 @@ class OffsetReader:
 
         self.options = options
         self.timeout = options.api_timeout_ms / 1000
-        config = _checked_config(options.client_config)
+        config = _checked_config(options.client_config.librdkafka())
         self.admin = AdminClient({k: v for k, v in config.items() if k not in _CONSUMER_ONLY})
 
     def _wait(self, futures: dict, what: str) -> dict:

@@ -38,6 +38,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from lastagent.kafka_config import KafkaConfig
 from lastagent.errors import DataLossError, KafkaProtocolError, OptionError
 from lastagent.sources.kafka_offsets import (
     TP,
@@ -326,11 +327,12 @@ class KafkaBatchReader(DataSourceReader):
 _IDLE: dict[tuple[tuple[str, str], ...], list[Any]] = {}
 
 
-def _checkout(config: dict[str, str]) -> tuple[tuple[tuple[str, str], ...], Any]:
+def _checkout(client: KafkaConfig) -> tuple[tuple[tuple[str, str], ...], Any]:
     """(key, consumer) for these settings: an idle one of this worker, or a new one. Executor."""
     from confluent_kafka import Consumer
 
-    key = tuple(sorted(config.items()))
+    config = client.librdkafka()
+    key = tuple(sorted((k, str(v)) for k, v in config.items()))
     idle = _IDLE.get(key)
     if idle:
         return key, idle.pop()

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from lastagent.kafka_config import KafkaConfig
 from lastagent.errors import OptionError
 from lastagent.options import Option, OptionTable
 
@@ -150,7 +151,7 @@ class KafkaSourceOptions:
         ending_by_timestamp: batch reads: topic → partition → end timestamp, or None.
     """
 
-    client_config: dict[str, str]
+    client_config: KafkaConfig
     subscribe: tuple[str, ...] = ()
     pattern: str | None = None
     assign: dict[str, tuple[int, ...]] | None = None
@@ -263,7 +264,7 @@ class KafkaSourceOptions:
         api_timeout = SOURCE_OPTIONS.integer_value(opts, "kafka.default.api.timeout.ms")
         client.pop("default.api.timeout.ms", None)  # a Java client setting: ours, not librdkafka's
         return cls(
-            client_config=client,
+            client_config=KafkaConfig.parse(client),
             subscribe=subscribe,
             pattern=pattern,
             assign=assign,

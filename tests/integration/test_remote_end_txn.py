@@ -68,7 +68,7 @@ def test_commit_from_another_process_after_sigkill(kafka_bootstrap, kafka_admin,
     tid = f"bet-commit-{uuid.uuid4().hex[:8]}"
     _prepare_and_kill(kafka_bootstrap, topic, tid, 10)
     pid, epoch = _handle(kafka_admin, tid)
-    with TransactionCoordinatorClient(kafka_bootstrap) as client:
+    with TransactionCoordinatorClient({"bootstrap.servers": kafka_bootstrap}) as client:
         first = _end(client, tid, pid, epoch, commit=True)
         assert first.ok, first
         # Sent twice: transaction protocol v2 bumped the epoch; the retry is recognised as done.
@@ -86,7 +86,7 @@ def test_abort_from_another_process_after_sigkill(kafka_bootstrap, kafka_admin, 
     tid = f"bet-abort-{uuid.uuid4().hex[:8]}"
     _prepare_and_kill(kafka_bootstrap, topic, tid, 10)
     pid, epoch = _handle(kafka_admin, tid)
-    with TransactionCoordinatorClient(kafka_bootstrap) as client:
+    with TransactionCoordinatorClient({"bootstrap.servers": kafka_bootstrap}) as client:
         assert _end(client, tid, pid, epoch, commit=False).ok
         assert _end(client, tid, pid, epoch, commit=False).ok
         assert _end(client, tid, pid, epoch, commit=True).error == "INVALID_TXN_STATE"
@@ -94,7 +94,7 @@ def test_abort_from_another_process_after_sigkill(kafka_bootstrap, kafka_admin, 
     other = f"bet-other-{uuid.uuid4().hex[:8]}"
     _prepare_and_kill(kafka_bootstrap, topic, other, 2)
     opid, oepoch = _handle(kafka_admin, other)
-    with TransactionCoordinatorClient(kafka_bootstrap) as client:
+    with TransactionCoordinatorClient({"bootstrap.servers": kafka_bootstrap}) as client:
         assert _end(client, other, opid, oepoch, commit=True).ok
     values = [v for _, v in read_committed(kafka_bootstrap, topic, expect=2)]
     assert sorted(values) == [f"{other}:0".encode(), f"{other}:1".encode()]
