@@ -8,6 +8,11 @@ Examples::
     lastagent recover ... --apply                 # commit decided branches, roll back the rest
     lastagent recover ... --rollback lastagent-orders-3-0
     lastagent recover ... --commit lastagent-orders-3-0   # by hand: the operator decides
+    lastagent status ... --command-config client.properties  # a secured cluster, as Kafka's own tools
+
+``--command-config`` reads a Java properties file of Kafka client settings (the ``kafka.*`` options
+without the prefix: ``security.protocol``, ``sasl.jaas.config``, ``ssl.truststore.location``...), so
+passwords stay off the command line; ``--kafka KEY=VALUE`` adds or overrides one setting.
 
 Exit status: 0 when nothing of the link is in doubt, 1 while anything stays in doubt or a
 decided branch was lost (expired: reported by epoch and branch), 2 on bad usage or an
@@ -38,6 +43,8 @@ def _committer(args: argparse.Namespace) -> Any:
         raise LastAgentError("give --arbitration-table (a lastagent-kafka link) or --table (a lastagent-delta "
                              "link), not both or neither")
     raw = {"kafka.bootstrap.servers": args.bootstrap_servers, "link": args.link, "checkpointLocation": "-"}
+    if args.command_config:
+        raw.update({f"kafka.{k}": v for k, v in read_properties(args.command_config).items()})
     for setting in args.kafka or []:
         key, _, value = setting.partition("=")
         raw[f"kafka.{key}"] = value
@@ -47,6 +54,28 @@ def _committer(args: argparse.Namespace) -> Any:
     # Side outputs are the query's options, not the command's: always look for open branches.
     return Committer(options, store=TargetTableStore(args.table),
                      xa=KafkaXAResource(options.client_config, options.transaction_timeout_ms))
+
+
+def read_properties(path: str) -> dict[str, str]:
+    """A Java properties file's settings (``key=value`` or ``key: value``, ``#``/``!`` comments,
+    a trailing backslash continues the line), as Kafka's ``--command-config`` reads it."""
+    out: dict[str, str] = {}
+    pending = ""
+    with open(path, encoding="utf-8") as f:
+        for number, raw_line in enumerate(f, 1):
+            line = pending + raw_line.strip() if pending else raw_line.strip()
+            if not pending and (not line or line[0] in "#!"):
+                continue
+            if line.endswith("\\") and not line.endswith("\\\\"):
+                pending = line[:-1]
+                continue
+            pending = ""
+            cut = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
+            if cut <= 0:
+                # The line may hold a secret: name it by number only.
+                raise LastAgentError(f"--command-config {path}: line {number} is not key=value")
+            out[line[:cut].strip()] = line[cut + 1:].strip()
+    return out
 
 
 def _status(committer: Any) -> dict[str, Any]:
@@ -105,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--table", help="the target table of a lastagent-delta query (its commits are the arbitration)")
         p.add_argument("--bootstrap-servers", required=True, help="kafka.bootstrap.servers")
         p.add_argument("--kafka", action="append", metavar="KEY=VALUE", help="extra kafka.* client setting")
+        p.add_argument("--command-config", metavar="FILE",
+                       help="Kafka client settings (security.protocol, sasl.jaas.config, ssl.*) as a properties file")
         p.add_argument("--json", action="store_true", help="machine-readable output")
         if name == "recover":
             p.add_argument("--apply", action="store_true", help="carry out every listed decision")
