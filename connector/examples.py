@@ -4,7 +4,9 @@
 ``python -m lastagent.examples delta-driver BOOTSTRAP TOPIC TABLE CHECKPOINT LINK DEAD_LETTERS SIDE
 [PER_TRIGGER [DEAD_LETTER_TABLE]]`` run a query with ``trigger(availableNow=True)`` to its end. The
 demo kills and restarts them; the crash tests run them with a crash hook installed.
-``LASTAGENT_SPARK_MASTER`` and ``LASTAGENT_SPARK_CONF`` (``key=value;key=value``) shape the session.
+``LASTAGENT_SPARK_MASTER`` and ``LASTAGENT_SPARK_CONF`` (``key=value;key=value``) shape the session;
+``LASTAGENT_KAFKA_CONFIG`` names a properties file of Kafka client settings (a secured cluster's
+``security.protocol``, ``sasl.jaas.config``, stores) given to every Kafka reader and writer as ``kafka.*``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,14 @@ def _env_conf() -> dict[str, str]:
     return {k.strip(): v.strip() for k, _, v in pairs}
 
 
+def _kafka_options() -> dict[str, str]:
+    """``kafka.*`` options from the properties file ``LASTAGENT_KAFKA_CONFIG`` names, if any."""
+    from lastagent.cli import read_properties
+
+    path = os.environ.get("LASTAGENT_KAFKA_CONFIG", "")
+    return {f"kafka.{k}": v for k, v in read_properties(path).items()} if path else {}
+
+
 def sink_driver(bootstrap: str, source: str, checkpoint: str, arbitration: str, link: str, topic: str) -> int:
     """Delta table → ``lastagent-kafka``: one file per micro-batch, until the table's end."""
     from lastagent.spark_session import local_session
@@ -36,6 +46,7 @@ def sink_driver(bootstrap: str, source: str, checkpoint: str, arbitration: str, 
         spark.readStream.format("delta").option("maxFilesPerTrigger", "1").load(source)
         .selectExpr("key", "value")
         .writeStream.format("lastagent-kafka")
+        .options(**_kafka_options())
         .option("kafka.bootstrap.servers", bootstrap)
         .option("topic", topic)
         .option("link", link)
@@ -81,6 +92,7 @@ def delta_driver(bootstrap: str, topic: str, table: str, checkpoint: str, link: 
     spark.sparkContext.setLogLevel("ERROR")
     query = (
         spark.readStream.format("lastagent-kafka")
+        .options(**_kafka_options())
         .option("kafka.bootstrap.servers", bootstrap)
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
@@ -94,6 +106,7 @@ def delta_driver(bootstrap: str, topic: str, table: str, checkpoint: str, link: 
         .option("deadLetterTopic", dead_letters)
         .option("deadLetterTable", dead_letter_table)
         .option("sideTopics", side)
+        .options(**_kafka_options())
         .option("kafka.bootstrap.servers", bootstrap)
         .trigger(availableNow=True)
         .start(table)

@@ -68,6 +68,31 @@ _NATIVE_SECURITY = ("security.protocol", "sasl.mechanism", "sasl.mechanisms", "s
                     "ssl.keystore.key", "ssl.keystore.certificate.chain", "ssl.protocol", "ssl.enabled.protocols")
 
 
+#: What a denied request needs, by Kafka's error name (both libraries use these names); docs/security.md.
+ACL_NEEDED = {
+    "TOPIC_AUTHORIZATION_FAILED": "Describe on the Topic, and Write to produce or Read to consume",
+    "GROUP_AUTHORIZATION_FAILED": "Read on the consumer Group (kafka.group.id)",
+    "TRANSACTIONAL_ID_AUTHORIZATION_FAILED": "Write and Describe on TransactionalId, prefixed 'lastagent-<link>-'",
+    "CLUSTER_AUTHORIZATION_FAILED": "DescribeConfigs on the Cluster",
+}
+#: Kafka error names of a refused login, and what to check.
+LOGIN_FAILED = ("SASL_AUTHENTICATION_FAILED", "_AUTHENTICATION")
+LOGIN_HINT = ("check the username and password in kafka.sasl.jaas.config (or kafka.sasl.username/kafka.sasl.password) "
+              "and kafka.sasl.mechanism")
+
+
+def access_hint(error_name: str) -> str | None:
+    """What to grant or check after a Kafka error of this name, or None if it is not about access."""
+    if error_name in ACL_NEEDED:
+        return f"the principal needs {ACL_NEEDED[error_name]} (docs/security.md)"
+    if error_name in LOGIN_FAILED:
+        return f"the broker refused the login: {LOGIN_HINT}"
+    if error_name == "_SSL":
+        return ("the TLS handshake failed: check kafka.ssl.truststore.location (or kafka.ssl.ca.location) and "
+                "kafka.ssl.endpoint.identification.algorithm")
+    return None
+
+
 @dataclass(frozen=True)
 class Secret:
     """A password or key text: compared and pickled as usual, never shown."""

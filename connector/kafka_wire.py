@@ -13,6 +13,7 @@ transaction (KIP-939's calls were pulled), and Flink's route writes private prod
 
 from __future__ import annotations
 
+import logging
 import socket
 import ssl
 from collections.abc import Mapping
@@ -25,20 +26,10 @@ from kafka.protocol.metadata import CoordinatorType
 from kafka.protocol.producer.transaction import EndTxnRequest
 
 from lastagent.errors import KafkaProtocolError
-from lastagent.kafka_config import KafkaConfig
+from lastagent.kafka_config import KafkaConfig, access_hint
 
 #: The Kafka API keys an outside transaction coordinator client needs, by name.
 _NEEDED_APIS = ((26, "EndTxn"), (65, "DescribeTransactions"), (66, "ListTransactions"))
-
-#: What a denied request needs, by kafka-python's error class (see docs/security.md).
-_ACL_HINTS = {
-    "TopicAuthorizationFailedError": "Describe (and Write to produce, Read to consume) on the Topic",
-    "GroupAuthorizationFailedError": "Read on the consumer Group (kafka.group.id)",
-    "TransactionalIdAuthorizationFailedError": "Write and Describe on TransactionalId, prefixed "
-                                               "'lastagent-<link>-'",
-    "ClusterAuthorizationFailedError": "Describe and DescribeConfigs on the Cluster",
-}
-
 
 @dataclass(frozen=True)
 class EndTxnResult:
@@ -69,16 +60,25 @@ def _error_name(code: int) -> str:
 def explain(exc: BaseException, what: str) -> KafkaProtocolError:
     """A :class:`KafkaProtocolError` for a kafka-python failure of ``what``, naming the missing ACL
     or the setting to check; never the settings' values."""
-    name = type(exc).__name__
-    if name in _ACL_HINTS:
-        return KafkaProtocolError(f"{what}: the broker denied it ({getattr(exc, 'message', name)}); the link's "
-                                  f"principal needs {_ACL_HINTS[name]} (docs/security.md)")
-    if isinstance(exc, kafka_errors.SaslAuthenticationFailedError):
-        return KafkaProtocolError(f"{what}: SASL authentication failed ({exc}); check the username and password in "
-                                  "kafka.sasl.jaas.config (or kafka.sasl.username/kafka.sasl.password) and "
-                                  "kafka.sasl.mechanism")
+    hint = access_hint(str(getattr(exc, "message", "")))
+    if hint is not None:
+        return KafkaProtocolError(f"{what}: {type(exc).__name__}: {hint}")
     retriable = bool(getattr(exc, "retriable", False)) or isinstance(exc, OSError)
-    return KafkaProtocolError(f"{what}: {name}: {exc}", retriable=retriable)
+    return KafkaProtocolError(f"{what}: {type(exc).__name__}: {exc}", retriable=retriable)
+
+
+class _LoginFailures(logging.Filter):
+    """Keeps the login failures kafka-python reports while it bootstraps (it only logs them, then
+    retries until its timeout), so the error can say the broker refused the login."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[BaseException] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        self.seen += [a for a in args if isinstance(a, kafka_errors.SaslAuthenticationFailedError)]
+        return True
 
 
 class _Admin(KafkaAdminClient):
@@ -86,16 +86,21 @@ class _Admin(KafkaAdminClient):
 
     def __init__(self, config: KafkaConfig, timeout_ms: int) -> None:
         self._closed = True  # close() before bootstrap succeeded must not find a missing attribute
+        failures = _LoginFailures()
+        logger = logging.getLogger("kafka.net.manager")
+        logger.addFilter(failures)
         try:
             super().__init__(**config.kafka_python(timeout_ms))
         except kafka_errors.KafkaError as exc:
-            auth = next(iter(getattr(getattr(self, "_manager", None), "_auth_failures", {}).values()), None)
+            auth = failures.seen[-1] if failures.seen else None
             if getattr(self, "_net", None) is not None:
                 self._closed = False
                 self.close()
             if auth is not None:
                 raise explain(auth, f"connecting to {config.bootstrap_servers}") from None
             raise KafkaProtocolError(_unreachable(config, timeout_ms, exc), retriable=True) from None
+        finally:
+            logger.removeFilter(failures)
 
 
 def admin_client(config: KafkaConfig | Mapping[str, str], timeout_ms: int | None = None) -> Any:

@@ -28,7 +28,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from lastagent import faults
 from lastagent.errors import KafkaProtocolError, LastAgentError
-from lastagent.kafka_config import KafkaConfig
+from lastagent.kafka_config import KafkaConfig, access_hint
 from lastagent.kafka_wire import TransactionCoordinatorClient, admin_client, explain
 
 _MSG_SIZE_TOO_LARGE = KafkaError.MSG_SIZE_TOO_LARGE
@@ -177,12 +177,32 @@ class BranchWriter:
         config = producer_config(client_config, transactional_id, timeout_ms)
         # Delivery reports for failures only: a Python callback per delivered record costs more
         # than the produce() call itself, and success is what flush() already tells us.
-        config.update({"delivery.report.only.error": True, "on_delivery": self._on_delivery})
+        config.update({"delivery.report.only.error": True, "on_delivery": self._on_delivery,
+                       "error_cb": self._on_client_error})
+        self._login_error: Any = None
         self._producer: Any = Producer(config)  # None once released
         # init_transactions fences any older producer of this id and aborts its open
         # transaction: the id scheme guarantees no decided branch still holds this id.
-        self._producer.init_transactions(init_timeout_s)
+        try:
+            self._producer.init_transactions(init_timeout_s)
+        except KafkaException as exc:
+            raise self._denied(exc) from exc
         self._producer.begin_transaction()
+
+    def _on_client_error(self, err: Any) -> None:
+        # librdkafka reports a refused login or TLS handshake only here, and keeps retrying: the
+        # call that waits on it then fails with a bare timeout.
+        if access_hint(err.name()) is not None:
+            self._login_error = err
+
+    def _denied(self, exc: KafkaException) -> Exception:
+        """A refused call's error, saying which ACL or login setting it needs, when that is the cause."""
+        err = exc.args[0] if exc.args else None
+        self._producer.poll(0)  # serves the error events queued while the blocking call waited
+        for cause in (err, self._login_error):
+            if isinstance(cause, KafkaError) and access_hint(cause.name()) is not None:
+                return BranchError(f"branch {self.transactional_id}: {cause.str()}; {access_hint(cause.name())}")
+        return exc
 
     def _on_delivery(self, err: Any, msg: Any) -> None:
         # Called from poll/flush, for failed records only (delivery.report.only.error).
@@ -193,7 +213,7 @@ class BranchWriter:
             where = f"topic {msg.topic()} partition {msg.partition()}"
             if msg.key() is not None:
                 where += f" key {msg.key()[:64]!r}"
-            hint = ""
+            hint = f" ({access_hint(err.name())})" if access_hint(err.name()) else ""
             if err.code() == _MSG_SIZE_TOO_LARGE:
                 hint = (f" (record of {len(msg.value() or b'') + len(msg.key() or b'')} bytes; the broker's "
                         "message.max.bytes or the topic's max.message.bytes is smaller)")
@@ -402,7 +422,9 @@ class KafkaXAResource:
                                      config_filter="all")
         entry = res.get("broker", {}).get(broker_id, {}).get(name)
         if entry is None:
-            raise KafkaProtocolError(f"the broker did not report {name}")
+            # The broker leaves out what the principal may not describe, rather than refusing.
+            raise KafkaProtocolError(f"the broker did not report {name}: the principal needs DescribeConfigs on "
+                                     "the Cluster (docs/security.md)")
         return str(entry["value"])
 
     def missing_topics(self, topics: Iterable[str]) -> list[str]:
@@ -520,6 +542,7 @@ class KafkaXAResource:
         already decided by its coordinator, which completes it on its own.
         """
         admin = self._admin()
+        self._require_describe(transactional_id_prefix)
         listed = admin.list_transactions(state_filters=["Ongoing"])
         ids = sorted({t.transactional_id for rows in listed.values() for t in rows
                       if t.transactional_id.startswith(transactional_id_prefix)})
@@ -535,6 +558,21 @@ class KafkaXAResource:
                 tuple(sorted((tp.topic, tp.partition) for tp in desc.topic_partitions)),
             ))
         return out
+
+    def _require_describe(self, prefix: str) -> None:
+        """Fails unless the principal may describe the prefix's transactional ids.
+
+        ListTransactions leaves out the ids a principal may not describe instead of refusing, so
+        without this check a missing ACL would read as "nothing open" and recovery would decide
+        on a partial view. Describing an id under the prefix is refused exactly then.
+        """
+        from kafka.errors import KafkaError as PyKafkaError
+
+        try:
+            self._admin().describe_transactions([f"{prefix}access-check"])
+        except PyKafkaError as exc:
+            if getattr(exc, "message", "") != "TRANSACTIONAL_ID_NOT_FOUND":
+                raise explain(exc, f"listing the open transactions of '{prefix}*'") from None
 
     def _admin(self) -> Any:
         return self._wire.admin

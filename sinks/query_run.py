@@ -92,7 +92,8 @@ def require_topics(committer: Any, by_option: dict[str, list[str]]) -> None:
         if missing:
             raise OptionError(option, f"topic(s) {', '.join(missing)} do not exist on "
                                       f"{committer.options.client_config.get('bootstrap.servers')} "
-                                      "and the broker does not create topics on first write; create them first")
+                                      "(or the principal lacks Describe on them) and the broker does not create topics "
+                                      "on first write; create them first, or grant Describe and Write")
 
 
 def require_started(started: Started | None) -> Started:

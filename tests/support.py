@@ -17,15 +17,16 @@ from confluent_kafka import Consumer
 
 
 def read_committed(bootstrap: str, topic: str, expect: int, timeout_s: float = 30.0,
-                   quiet_s: float = 2.0) -> list[tuple[bytes | None, bytes | None]]:
+                   quiet_s: float = 2.0, config: dict[str, Any] | None = None) -> list[tuple[bytes | None, bytes | None]]:
     """(key, value) of every record an independent read_committed consumer sees in topic.
 
     Reads until ``expect`` records arrived, then ``quiet_s`` longer to catch duplicates; gives
     up after ``timeout_s`` and returns what it has (the caller's assertion shows the gap).
+    ``config`` adds librdkafka settings (a secured broker's).
     """
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"verify-{uuid.uuid4().hex}",
                          "isolation.level": "read_committed", "auto.offset.reset": "earliest",
-                         "enable.auto.commit": False})
+                         "enable.auto.commit": False, **(config or {})})
     consumer.subscribe([topic])
     rows: list[tuple[bytes | None, bytes | None]] = []
     deadline = time.monotonic() + timeout_s
@@ -87,17 +88,21 @@ def race(fn: Callable[[str], Any], names: Sequence[str]) -> dict[str, Any]:
 
 
 def run_driver(mode: str, args: list[str], crash_at: str | None, state: Path, timeout: float = 300,
-               master: str = "local[2]", conf: dict[str, str] | None = None) -> int:
+               master: str = "local[2]", conf: dict[str, str] | None = None, kafka_config: Path | None = None) -> int:
     """Runs ``python -m lastagent.examples <mode> <args>`` as a driver process; returns its exit code.
 
     With ``crash_at`` (``point`` or ``point:n``) the driver SIGKILLs its own process group (driver,
     JVM, Python workers) at that protocol point; ``state`` counts how often points were reached
     and ``<state>.fired`` names the point that fired. The driver leads a new session so the kill
-    takes exactly its processes; its stderr goes to ``<state>.log``. ``conf`` adds Spark settings.
+    takes exactly its processes; its stderr goes to ``<state>.log``. ``conf`` adds Spark settings;
+    ``kafka_config`` is a properties file of Kafka client settings (a secured broker's).
     """
     env = dict(os.environ, LASTAGENT_SPARK_MASTER=master,
                LASTAGENT_SPARK_CONF=";".join(f"{k}={v}" for k, v in (conf or {}).items()))
     env.pop("LASTAGENT_CRASH_AT", None)
+    env.pop("LASTAGENT_KAFKA_CONFIG", None)
+    if kafka_config is not None:
+        env["LASTAGENT_KAFKA_CONFIG"] = str(kafka_config)
     if crash_at:
         env["LASTAGENT_CRASH_AT"] = crash_at
         env["LASTAGENT_CRASH_STATE"] = str(state)
