@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from lastagent.kafka_config import access_hint
 from lastagent.errors import DataLossError, KafkaProtocolError, OptionError
 from lastagent.sources.kafka_source_options import KafkaSourceOptions
 
@@ -130,8 +131,12 @@ def check_loss(start: Mapping[TP, int], earliest: Mapping[TP, int], fail: bool) 
 
 
 def _kafka_error(e: Exception) -> str:
+    """librdkafka's text for a failure, with what to grant or check when it is about access."""
     err: Any = e.args[0] if e.args else None
-    return str(err.str()) if hasattr(err, "str") else str(e)
+    if not hasattr(err, "str"):
+        return str(e)
+    hint = access_hint(err.name())
+    return f"{err.str()}; {hint}" if hint else str(err.str())
 
 
 class OffsetReader:
@@ -147,7 +152,15 @@ class OffsetReader:
         self.options = options
         self.timeout = options.api_timeout_ms / 1000
         config = _checked_config(options.client_config.librdkafka())
-        self.admin = AdminClient({k: v for k, v in config.items() if k not in _CONSUMER_ONLY})
+        self._login_error: Any = None
+        self.admin = AdminClient({**{k: v for k, v in config.items() if k not in _CONSUMER_ONLY},
+                                  "error_cb": self._on_client_error})
+
+    def _on_client_error(self, err: Any) -> None:
+        # librdkafka reports a refused login or TLS handshake only here; the call waiting on the
+        # broker then fails with a bare timeout.
+        if access_hint(err.name()) is not None:
+            self._login_error = err
 
     def _wait(self, futures: dict, what: str) -> dict:
         from confluent_kafka import KafkaException
@@ -167,6 +180,10 @@ class OffsetReader:
         try:
             md = self.admin.list_topics(timeout=self.timeout)
         except KafkaException as e:
+            self.admin.poll(0)  # serves the error events queued while list_topics waited
+            if self._login_error is not None:
+                raise KafkaProtocolError(f"connecting to {self.options.bootstrap_servers}: {self._login_error.str()}; "
+                                         f"{access_hint(self._login_error.name())}") from None
             raise OptionError("kafka.bootstrap.servers",
                               f"no Kafka broker answered at {self.options.bootstrap_servers} within "
                               f"{self.options.api_timeout_ms} ms (kafka.default.api.timeout.ms): {_kafka_error(e)}; "
@@ -266,7 +283,7 @@ _CONSUMER_ONLY = {"group.id", "isolation.level", "fetch.min.bytes", "fetch.max.b
                   "fetch.error.backoff.ms", "enable.auto.offset.store"}
 
 
-def _checked_config(config: Mapping[str, str]) -> dict[str, str]:
+def _checked_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """Validates kafka.* settings against librdkafka: an unknown one is an error naming it."""
     from confluent_kafka import Consumer, KafkaException
 

@@ -38,7 +38,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from lastagent.kafka_config import KafkaConfig
+from lastagent.kafka_config import KafkaConfig, access_hint
 from lastagent.errors import DataLossError, KafkaProtocolError, OptionError
 from lastagent.sources.kafka_offsets import (
     TP,
@@ -409,8 +409,9 @@ def read_range(r: OffsetRange, options: KafkaSourceOptions) -> Iterator[pa.Recor
                     if err.code() == KafkaError._AUTO_OFFSET_RESET:
                         position = _lost(consumer, r, position, options)
                         continue
-                    raise KafkaProtocolError(f"{r.topic}-{r.partition} at offset {position}: {err.str()}",
-                                             retriable=err.retriable())
+                    hint = access_hint(err.name())
+                    raise KafkaProtocolError(f"{r.topic}-{r.partition} at offset {position}: {err.str()}"
+                                             + (f"; {hint}" if hint else ""), retriable=err.retriable())
                 msgs = data
             if msgs:
                 offsets = [m.offset() for m in msgs]
