@@ -153,8 +153,9 @@ class OffsetReader:
         self.timeout = options.api_timeout_ms / 1000
         config = _checked_config(options.client_config.librdkafka())
         self._login_error: Any = None
-        self.admin = AdminClient({**{k: v for k, v in config.items() if k not in _CONSUMER_ONLY},
-                                  "error_cb": self._on_client_error})
+        settings: dict[str, Any] = {k: v for k, v in config.items() if k not in _CONSUMER_ONLY}
+        settings["error_cb"] = self._on_client_error
+        self.admin = AdminClient(settings)
 
     def _on_client_error(self, err: Any) -> None:
         # librdkafka reports a refused login or TLS handshake only here; the call waiting on the
