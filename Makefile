@@ -10,7 +10,7 @@ PYTEST    := $(PYTHON) -m pytest
 SOURCES   := $(shell find connector sources sinks -name '*.py' 2>/dev/null) pyproject.toml
 LOG       := .cache/setup.log
 
-.PHONY: setup run test test-unit test-integration test-chaos test-chaos-full lint kafka-up kafka-down bench clean docs
+.PHONY: setup run test test-unit test-integration test-chaos test-chaos-full lint kafka-up kafka-down kafka-up-secured kafka-down-secured bench clean docs
 
 setup: $(VENV)/.installed .cache/kafka/jars/.complete .cache/spark/jars/.complete
 
@@ -41,6 +41,14 @@ kafka-up: .cache/kafka/jars/.complete
 
 kafka-down:
 	@$(PY) dev/kafka_broker.py down
+
+# A secured broker (SASL_SSL, SCRAM-SHA-512, ACLs) on LASTAGENT_SECURED_KAFKA_PORT (default 39192)
+# and the two ports above it; state and PKI in .cache/kafka/secured-<port>.
+kafka-up-secured: .cache/kafka/jars/.complete
+	@$(PY) dev/kafka_broker.py up --secured
+
+kafka-down-secured:
+	@$(PY) dev/kafka_broker.py down --secured
 
 run: setup kafka-up
 	@$(PYTHON) dev/demo.py

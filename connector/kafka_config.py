@@ -71,7 +71,8 @@ _NATIVE_SECURITY = ("security.protocol", "sasl.mechanism", "sasl.mechanisms", "s
 #: What a denied request needs, by Kafka's error name (both libraries use these names); docs/security.md.
 ACL_NEEDED = {
     "TOPIC_AUTHORIZATION_FAILED": "Describe on the Topic, and Write to produce or Read to consume",
-    "GROUP_AUTHORIZATION_FAILED": "Read on the consumer Group (kafka.group.id)",
+    "GROUP_AUTHORIZATION_FAILED": "Read on the consumer Group: kafka.group.id, else prefixed by the source's "
+                                  "groupIdPrefix ('lastagent-source-')",
     "TRANSACTIONAL_ID_AUTHORIZATION_FAILED": "Write and Describe on TransactionalId, prefixed 'lastagent-<link>-'",
     "CLUSTER_AUTHORIZATION_FAILED": "DescribeConfigs on the Cluster",
 }

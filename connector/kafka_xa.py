@@ -568,11 +568,19 @@ class KafkaXAResource:
         """
         from kafka.errors import KafkaError as PyKafkaError
 
-        try:
-            self._admin().describe_transactions([f"{prefix}access-check"])
-        except PyKafkaError as exc:
-            if getattr(exc, "message", "") != "TRANSACTIONAL_ID_NOT_FOUND":
-                raise explain(exc, f"listing the open transactions of '{prefix}*'") from None
+        deadline = time.monotonic() + self._end_deadline_s
+        while True:
+            try:
+                self._admin().describe_transactions([f"{prefix}access-check"])
+                return
+            except PyKafkaError as exc:
+                if getattr(exc, "message", "") == "TRANSACTIONAL_ID_NOT_FOUND":
+                    return
+                # A new cluster creates its transaction log on the first FindCoordinator.
+                if not exc.retriable or time.monotonic() > deadline:
+                    raise explain(exc, f"listing the open transactions of '{prefix}*'") from None
+                self._wire.forget_coordinator(f"{prefix}access-check")
+                time.sleep(0.2)
 
     def _admin(self) -> Any:
         return self._wire.admin

@@ -10,14 +10,21 @@ Usage::
     python dev/kafka_broker.py up   [--port 39092] [--dir .cache/kafka/39092]
     python dev/kafka_broker.py down [--port 39092] [--dir ...]
     python dev/kafka_broker.py status
+    python dev/kafka_broker.py up --secured [--port 39192] [--dir .cache/kafka/secured-39192]
 
 ``up`` and ``down`` are idempotent.
+
+``--secured`` starts a broker that clients reach only over SASL_SSL (SCRAM-SHA-512, or PLAIN, on
+TLS from a throw-away PKI that ``dev/tls.py`` makes in ``<dir>/pki``), with ACLs enforced: see
+``SECURED_PROPERTIES`` and ``USERS``. It uses three ports: the client port, the controller's
+(+1) and the inter-broker one (+2).
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import importlib.util
 import os
 import signal
 import socket
@@ -32,19 +39,17 @@ CACHE = Path(os.environ.get("LASTAGENT_CACHE", ROOT / ".cache"))
 JARS = CACHE / "kafka" / "jars"
 POM = ROOT / "dev" / "kafka" / "pom.xml"
 DEFAULT_PORT = int(os.environ.get("LASTAGENT_KAFKA_PORT", "39092"))
+DEFAULT_SECURED_PORT = int(os.environ.get("LASTAGENT_SECURED_KAFKA_PORT", "39192"))
 # Kafka aborts an open transaction after its timeout; the protocol needs room to finish a
 # decided epoch long after a crash, so the ceiling is raised to one hour (issue #2).
 TRANSACTION_MAX_TIMEOUT_MS = 3_600_000
 
-SERVER_PROPERTIES = """\
+# What every broker here has, secured or not: one KRaft node, settings fit for transactions.
+COMMON_PROPERTIES = """\
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:{controller_port}
-listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
-advertised.listeners=PLAINTEXT://127.0.0.1:{port}
 controller.listener.names=CONTROLLER
-inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
 log.dirs={log_dir}
 num.partitions=1
 auto.create.topics.enable=false
@@ -63,6 +68,74 @@ log.retention.check.interval.ms=1000
 log.cleaner.backoff.ms=1000
 log.initial.task.delay.ms=1000
 delete.topic.enable=true
+"""
+
+SERVER_PROPERTIES = COMMON_PROPERTIES + """\
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+"""
+
+# The secured broker's SCRAM-SHA-512 users, created when the log dir is formatted. Only ADMIN is a
+# super user; the others start with no ACL at all (tests grant what they need).
+ADMIN = "admin"
+USERS = {ADMIN: "admin-secret", "alice": "alice-secret", "bob": "bob-secret"}
+
+_PLAIN_USERS = " ".join(f'user_{name}="{password}"' for name, password in USERS.items())
+_SCRAM_LOGIN = "org.apache.kafka.common.security.scram.ScramLoginModule required"
+_PLAIN_LOGIN = "org.apache.kafka.common.security.plain.PlainLoginModule required"
+
+# Three listeners, each bound to 127.0.0.1 and each authenticated:
+#   CLIENT     SASL_SSL        {port}       what clients use. TLS from dev/tls.py; SCRAM-SHA-512 (the
+#                                           users above) or PLAIN (the same names and passwords, kept in
+#                                           the JAAS line below). Client certificates are requested, not
+#                                           required: if one is sent it must chain to the test CA.
+#   CONTROLLER SASL_PLAINTEXT  {port}+1     KRaft's own: the broker half of this node registers and
+#                                           heartbeats here. PLAIN, checked against the static JAAS line
+#                                           below, so authenticating here never depends on the metadata
+#                                           log the controller serves (SCRAM credentials live there; with
+#                                           4.1.1 in combined mode SCRAM did work here too, but only because
+#                                           the metadata happened to be loaded first).
+#   INTERNAL   SASL_PLAINTEXT  {port}+2     inter-broker: the transaction coordinator sends
+#                                           WriteTxnMarkers to the partition leaders (this node) here.
+#                                           SCRAM-SHA-512 works: the broker loads the credentials from
+#                                           the metadata log before it opens this listener.
+# The broker half authenticates as ADMIN on CONTROLLER and INTERNAL. Its requests there
+# (BrokerRegistration, BrokerHeartbeat, WriteTxnMarkers) need CLUSTER_ACTION on the cluster, so
+# the principal it uses must be a super user; keeping it User:admin means super.users has a single
+# entry, and no unauthenticated principal (User:ANONYMOUS, what a PLAINTEXT controller listener
+# would give) is ever a super user.
+SECURED_PROPERTIES = COMMON_PROPERTIES + f"""\
+listeners=CLIENT://127.0.0.1:{{port}},CONTROLLER://127.0.0.1:{{controller_port}},INTERNAL://127.0.0.1:{{internal_port}}
+advertised.listeners=CLIENT://127.0.0.1:{{port}},INTERNAL://127.0.0.1:{{internal_port}}
+listener.security.protocol.map=CLIENT:SASL_SSL,CONTROLLER:SASL_PLAINTEXT,INTERNAL:SASL_PLAINTEXT
+inter.broker.listener.name=INTERNAL
+sasl.enabled.mechanisms=SCRAM-SHA-512
+sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
+sasl.mechanism.controller.protocol=PLAIN
+
+listener.name.client.sasl.enabled.mechanisms=SCRAM-SHA-512,PLAIN
+listener.name.client.scram-sha-512.sasl.jaas.config={_SCRAM_LOGIN};
+listener.name.client.plain.sasl.jaas.config={_PLAIN_LOGIN} {_PLAIN_USERS};
+listener.name.client.ssl.keystore.type=PKCS12
+listener.name.client.ssl.keystore.location={{keystore}}
+listener.name.client.ssl.keystore.password={{keystore_password}}
+listener.name.client.ssl.key.password={{keystore_password}}
+listener.name.client.ssl.truststore.type=PKCS12
+listener.name.client.ssl.truststore.location={{truststore}}
+listener.name.client.ssl.truststore.password={{truststore_password}}
+listener.name.client.ssl.client.auth=requested
+
+listener.name.controller.sasl.enabled.mechanisms=PLAIN
+listener.name.controller.plain.sasl.jaas.config={_PLAIN_LOGIN} username="{ADMIN}" password="{USERS[ADMIN]}" user_{ADMIN}="{USERS[ADMIN]}";
+
+listener.name.internal.sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.internal.scram-sha-512.sasl.jaas.config={_SCRAM_LOGIN} username="{ADMIN}" password="{USERS[ADMIN]}";
+
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+allow.everyone.if.no.acl.found=false
+super.users=User:{ADMIN}
 """
 
 LOG4J2 = """\
@@ -146,36 +219,82 @@ def _read_pid(workdir: Path) -> int | None:
     return pid if _pid_alive(pid) else None
 
 
-def up(port: int = DEFAULT_PORT, workdir: Path | None = None, wait_s: float = 120.0) -> str:
-    """Starts the broker unless it already runs; returns its bootstrap servers string."""
+def _tls():
+    """dev/tls.py, loaded by path: this file runs as a script and is imported from tests alike."""
+    spec = importlib.util.spec_from_file_location("lastagent_dev_tls", Path(__file__).with_name("tls.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def pki_dir(workdir: Path) -> Path:
+    """Where the secured broker started in workdir keeps its PKI (made by dev/tls.py)."""
+    return Path(workdir) / "pki"
+
+
+def secured_pki(workdir: Path) -> dict[str, Path]:
+    """The secured broker's PKI, made once: paths by role (see dev/tls.py)."""
+    return _tls().make_pki(pki_dir(workdir))
+
+
+def _server_properties(port: int, log_dir: Path, workdir: Path, secured: bool) -> str:
+    shared = {"port": port, "controller_port": port + 1, "log_dir": log_dir, "txn_max": TRANSACTION_MAX_TIMEOUT_MS}
+    if not secured:
+        return SERVER_PROPERTIES.format(**shared)
+    tls = _tls()
+    pki = tls.make_pki(pki_dir(workdir))
+    return SECURED_PROPERTIES.format(
+        **shared, internal_port=port + 2,
+        keystore=pki["broker_keystore"], keystore_password=tls.BROKER_KEYSTORE_PASSWORD,
+        truststore=pki["truststore_p12"], truststore_password=tls.TRUSTSTORE_PASSWORD,
+    )
+
+
+def up(port: int = DEFAULT_PORT, workdir: Path | None = None, wait_s: float = 120.0, *, secured: bool = False) -> str:
+    """Starts the broker unless it already runs; returns its bootstrap servers string.
+
+    ``secured=True``: SASL_SSL with ACLs (``SECURED_PROPERTIES``), on port, port+1 and port+2; the
+    PKI is in ``pki_dir(workdir)``. A log dir keeps the mode it was formatted in.
+    """
     workdir = Path(workdir or CACHE / "kafka" / str(port))
     bootstrap = f"127.0.0.1:{port}"
+    mode = "secured" if secured else "plaintext"
+    mode_file = workdir / "mode"
+    # Log dirs formatted before the secured mode existed carry no mode file: they are plaintext.
+    formatted = mode_file.read_text().strip() if mode_file.exists() else (
+        "plaintext" if (workdir / "data" / "meta.properties").exists() else mode)
+    if formatted != mode:
+        raise BrokerError(f"{workdir} holds a {formatted} broker, not a {mode} one; use another --dir")
     if _read_pid(workdir) and answers(port):
         return bootstrap
-    if answers(port):
-        raise BrokerError(
-            f"port {port} on 127.0.0.1 is taken by a process this script did not start; "
-            "stop it or choose another port with LASTAGENT_KAFKA_PORT"
-        )
+    for taken in [port, port + 1] + ([port + 2] if secured else []):
+        if answers(taken):
+            raise BrokerError(
+                f"port {taken} on 127.0.0.1 is taken by a process this script did not start; "
+                "stop it or choose another port with --port (LASTAGENT_KAFKA_PORT, LASTAGENT_SECURED_KAFKA_PORT)"
+            )
     resolve_jars()
     workdir.mkdir(parents=True, exist_ok=True)
     log_dir = workdir / "data"
     props = workdir / "server.properties"
     log4j = workdir / "log4j2.properties"
     server_log = workdir / "server.log"
-    props.write_text(SERVER_PROPERTIES.format(
-        port=port, controller_port=port + 1, log_dir=log_dir, txn_max=TRANSACTION_MAX_TIMEOUT_MS,
-    ))
+    props.write_text(_server_properties(port, log_dir, workdir, secured))
     log4j.write_text(LOG4J2.format(log_file=server_log))
     if not (log_dir / "meta.properties").exists():
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        # SCRAM credentials go into the bootstrap metadata: the broker authenticates inter-broker
+        # traffic with them before any client could have created them.
+        scram = [a for name, password in USERS.items() for a in ("--add-scram", f"SCRAM-SHA-512=[name={name},password={password}]")]
         fmt = subprocess.run(
             _java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props),
-                  "--ignore-formatted", log4j=log4j),
+                  "--ignore-formatted", *(scram if secured else []), log4j=log4j),
             capture_output=True, text=True,
         )
         if fmt.returncode != 0:
             raise BrokerError(f"formatting the KRaft log dir failed:\n{fmt.stdout}{fmt.stderr}")
+        mode_file.write_text(f"{mode}\n")
     with open(workdir / "stdout.log", "ab") as out:
         proc = subprocess.Popen(
             _java("kafka.Kafka", str(props), log4j=log4j),
@@ -226,22 +345,29 @@ def kill(port: int = DEFAULT_PORT, workdir: Path | None = None) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=["up", "down", "status", "resolve"])
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--secured", action="store_true",
+                        help=f"SASL_SSL + ACLs; default port LASTAGENT_SECURED_KAFKA_PORT or {DEFAULT_SECURED_PORT}")
+    parser.add_argument("--port", type=int, default=None)
     parser.add_argument("--dir", type=Path, default=None)
     args = parser.parse_args(argv)
-    workdir = args.dir or CACHE / "kafka" / str(args.port)
+    port = args.port or (DEFAULT_SECURED_PORT if args.secured else DEFAULT_PORT)
+    workdir = args.dir or CACHE / "kafka" / (f"secured-{port}" if args.secured else str(port))
     try:
         if args.command == "resolve":
             print(f"kafka: jars in {resolve_jars()}")
         elif args.command == "up":
-            print(f"kafka: broker answers at {up(args.port, workdir)} (pid {_read_pid(workdir)})")
+            bootstrap = up(port, workdir, secured=args.secured)
+            print(f"kafka: broker answers at {bootstrap} (pid {_read_pid(workdir)})")
+            if args.secured:
+                print(f"kafka: SASL_SSL, SCRAM-SHA-512 users {', '.join(f'{u}/{p}' for u, p in USERS.items())}; "
+                      f"PKI (CA ca.pem, truststore.p12 password trustpass) in {pki_dir(workdir)}")
         elif args.command == "down":
-            down(args.port, workdir)
+            down(port, workdir)
             print("kafka: broker stopped")
         else:
             pid = _read_pid(workdir)
-            running = pid is not None and answers(args.port)
-            print(f"kafka: {'running, pid ' + str(pid) if running else 'not running'} on 127.0.0.1:{args.port}")
+            running = pid is not None and answers(port)
+            print(f"kafka: {'running, pid ' + str(pid) if running else 'not running'} on 127.0.0.1:{port}")
             return 0 if running else 1
     except BrokerError as exc:
         print(f"kafka: {exc}", file=sys.stderr)

@@ -327,12 +327,12 @@ class KafkaBatchReader(DataSourceReader):
 _IDLE: dict[tuple[tuple[str, str], ...], list[Any]] = {}
 
 
-def _checkout(client: KafkaConfig) -> tuple[tuple[tuple[str, str], ...], Any]:
+def _checkout(client: KafkaConfig, group_id_prefix: str = "lastagent-source") -> tuple[tuple[tuple[str, str], ...], Any]:
     """(key, consumer) for these settings: an idle one of this worker, or a new one. Executor."""
     from confluent_kafka import Consumer
 
     config = client.librdkafka()
-    key = tuple(sorted((k, str(v)) for k, v in config.items()))
+    key = tuple(sorted((k, str(v)) for k, v in config.items())) + (("groupIdPrefix", group_id_prefix),)
     idle = _IDLE.get(key)
     if idle:
         return key, idle.pop()
@@ -341,7 +341,7 @@ def _checkout(client: KafkaConfig) -> tuple[tuple[tuple[str, str], ...], Any]:
         "queued.max.messages.kbytes": 16384,
         "fetch.max.bytes": 16 * 1024 * 1024,
         **config,
-        "group.id": config.get("group.id") or f"lastagent-source-{uuid.uuid4().hex[:12]}",
+        "group.id": config.get("group.id") or f"{group_id_prefix}-{uuid.uuid4().hex[:12]}",
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         "enable.partition.eof": True,
@@ -376,7 +376,7 @@ def read_range(r: OffsetRange, options: KafkaSourceOptions) -> Iterator[pa.Recor
 
     from lastagent.sources.kafka_columns import BatchBuilder
 
-    key, consumer = _checkout(options.client_config)
+    key, consumer = _checkout(options.client_config, options.group_id_prefix)
     consumer.assign([TopicPartition(r.topic, r.partition, r.start)])
     builder = BatchBuilder(r.topic, r.partition, options.include_headers)
     position = r.start

@@ -76,6 +76,9 @@ SOURCE_OPTIONS = OptionTable([
            "reads all.", choices=("read_committed", "read_uncommitted")),
     Option("maxRecordsPerArrowBatch", "integer", "10000", "Rows per Arrow record batch handed to Spark (bounds a "
                                                           "task's memory).", minimum=1),
+    Option("groupIdPrefix", "string", "lastagent-source", "Prefix of the consumer group id each executor consumer "
+                                                          "gets when kafka.group.id is not set (the group is never "
+                                                          "joined; a secured cluster still checks Read on it)."),
 ], exempt=("path",), others="kafka.* consumer settings", blank_integer_is_unset=True)
 
 
@@ -170,6 +173,7 @@ class KafkaSourceOptions:
     poll_timeout_ms: int = 120_000
     api_timeout_ms: int = 60_000
     batch_rows: int = 10_000
+    group_id_prefix: str = "lastagent-source"
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -283,4 +287,5 @@ class KafkaSourceOptions:
             poll_timeout_ms=SOURCE_OPTIONS.integer_value(opts, "kafkaConsumer.pollTimeoutMs"),
             api_timeout_ms=api_timeout,
             batch_rows=SOURCE_OPTIONS.integer_value(opts, "maxRecordsPerArrowBatch"),
+            group_id_prefix=SOURCE_OPTIONS.raw(opts, "groupIdPrefix").strip() or "lastagent-source",
         )

@@ -2,6 +2,9 @@
 
 The broker fixture reuses a broker that already answers on ``LASTAGENT_KAFKA_PORT`` (e.g. from
 ``make kafka-up``) or starts its own on a free port and stops it at the end of the session.
+
+``secured_kafka`` starts a second, secured broker (SASL_SSL, SCRAM-SHA-512, ACLs; see
+``dev/kafka_broker.py``) only in sessions where some test asks for it, and stops it at the end.
 """
 
 from __future__ import annotations
@@ -9,9 +12,12 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,3 +87,159 @@ def spark():
     session = local_session("lastagent-tests", extra_conf={"spark.sql.warehouse.dir": str(ROOT / ".cache" / "warehouse")})
     yield session
     session.stop()
+
+
+# --- the secured broker ---------------------------------------------------------------------------
+
+
+def _free_port_triple() -> int:
+    """A port p with p, p+1 and p+2 free on 127.0.0.1 (client, controller, inter-broker listeners)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port >= 65000:
+            continue
+        try:
+            for offset in (1, 2):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port + offset))
+        except OSError:
+            continue
+        return port
+
+
+@dataclass(frozen=True)
+class SecuredKafka:
+    """A running secured broker: SASL_SSL with SCRAM-SHA-512 on ``bootstrap``, ACLs enforced.
+
+    Users (``kafka_broker.USERS``): admin/admin-secret (super user), alice/alice-secret and
+    bob/bob-secret (no ACLs until a test grants some). ``pki`` holds the paths ``dev/tls.py`` made:
+    ``ca`` (PEM), ``truststore_p12`` / ``truststore_jks`` (password ``trustpass``), ``client_cert`` /
+    ``client_key`` / ``client_p12`` (password ``keypass``), ``other_ca`` / ``other_truststore_p12``
+    (an unrelated CA), and the broker's own files.
+    """
+
+    bootstrap: str
+    pki: dict[str, Path]
+    workdir: Path
+
+    @staticmethod
+    def _password(user: str, password: str | None) -> str:
+        return kafka_broker.USERS[user] if password is None else password
+
+    @property
+    def admin_config(self) -> dict[str, Any]:
+        """kafka-python keyword arguments for the admin (super) user."""
+        return self.kafka_python_config(kafka_broker.ADMIN)
+
+    def kafka_python_config(self, user: str, password: str | None = None) -> dict[str, Any]:
+        """kafka-python keyword arguments for ``user`` (password from ``kafka_broker.USERS`` unless given)."""
+        return {
+            "bootstrap_servers": self.bootstrap,
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": "SCRAM-SHA-512",
+            "sasl_plain_username": user,
+            "sasl_plain_password": self._password(user, password),
+            "ssl_cafile": str(self.pki["ca"]),
+            "ssl_check_hostname": True,
+        }
+
+    def kafka_options(self, user: str, password: str | None = None) -> dict[str, str]:
+        """The Java-style ``kafka.*`` Spark options a user would write to connect as ``user``."""
+        return {
+            "kafka.bootstrap.servers": self.bootstrap,
+            "kafka.security.protocol": "SASL_SSL",
+            "kafka.sasl.mechanism": "SCRAM-SHA-512",
+            "kafka.sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required "
+            f'username="{user}" password="{self._password(user, password)}";',
+            "kafka.ssl.truststore.location": str(self.pki["truststore_p12"]),
+            "kafka.ssl.truststore.type": "PKCS12",
+            "kafka.ssl.truststore.password": "trustpass",
+        }
+
+    def librdkafka_config(self, user: str, password: str | None = None) -> dict[str, str]:
+        """confluent-kafka (librdkafka) configuration for ``user``."""
+        return {
+            "bootstrap.servers": self.bootstrap,
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanisms": "SCRAM-SHA-512",
+            "sasl.username": user,
+            "sasl.password": self._password(user, password),
+            "ssl.ca.location": str(self.pki["ca"]),
+        }
+
+
+@pytest.fixture(scope="session")
+def secured_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredKafka]:
+    """A secured broker of this session's own, on free ports; stopped (by pid) at the end."""
+    port = _free_port_triple()
+    workdir = tmp_path_factory.mktemp("secured-kafka")
+    try:
+        bootstrap = kafka_broker.up(port, workdir, secured=True)
+        yield SecuredKafka(bootstrap, kafka_broker.secured_pki(workdir), workdir)
+    finally:
+        kafka_broker.down(port, workdir)
+
+
+@pytest.fixture(scope="session")
+def secured_admin(secured_kafka: SecuredKafka):
+    from kafka.admin import KafkaAdminClient
+
+    admin = KafkaAdminClient(client_id="lastagent-tests-secured", **secured_kafka.admin_config)
+    yield admin
+    admin.close()
+
+
+@pytest.fixture
+def new_secured_topic(secured_admin) -> Callable[..., str]:
+    """Creates a uniquely named topic on the secured broker (as admin): ``new_secured_topic(partitions=1, **topic_configs)``."""
+
+    def make(partitions: int = 1, prefix: str = "t", **configs: str) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        spec = {"num_partitions": partitions, "replication_factor": 1, "configs": {k.replace("_", "."): str(v) for k, v in configs.items()}}
+        secured_admin.create_topics({name: spec}, wait_for_metadata=True)
+        return name
+
+    return make
+
+
+@pytest.fixture
+def grant(secured_admin) -> Callable[..., None]:
+    """Grants ACLs on the secured broker, as admin, and waits until the broker enforces them.
+
+    ``grant("alice", "TOPIC", topic, ["WRITE", "DESCRIBE"])``,
+    ``grant("User:alice", "TRANSACTIONAL_ID", "tx-", "WRITE", pattern="PREFIXED")``; the cluster
+    resource is named ``kafka-cluster``. Names are those of kafka-python's ``ResourceType`` and
+    ``ACLOperation`` (their enum members work too).
+    """
+    from kafka.admin import ACL, ACLFilter, ACLOperation, ACLPermissionType, ACLResourcePatternType, ResourcePattern, ResourceType
+
+    def grant_(principal: str, resource_type: str | ResourceType, name: str,
+               operations: str | ACLOperation | Iterable[str | ACLOperation], pattern: str = "LITERAL") -> None:
+        principal = principal if ":" in principal else f"User:{principal}"
+        rtype = ResourceType[resource_type.upper()] if isinstance(resource_type, str) else resource_type
+        resource = ResourcePattern(rtype, name, ACLResourcePatternType[pattern.upper()])
+        ops = [operations] if isinstance(operations, (str, ACLOperation)) else list(operations)
+        acls = [
+            ACL(principal, "*", ACLOperation[op.upper()] if isinstance(op, str) else op, ACLPermissionType.ALLOW, resource)
+            for op in ops
+        ]
+        result = secured_admin.create_acls(acls)
+        if result["failed"]:
+            raise AssertionError(f"creating ACLs {acls} failed: {result['failed']}")
+        # CreateAcls returns once the controller committed them; the broker applies them from its
+        # metadata a moment later. DescribeAcls answers from the broker's authorizer, so once it
+        # lists them they are enforced.
+        wanted = set(acls)
+        query = ACLFilter(principal, None, ACLOperation.ANY, ACLPermissionType.ALLOW, resource)
+        deadline = time.monotonic() + 10
+        while True:
+            found, _ = secured_admin.describe_acls(query)
+            if wanted <= set(found):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the broker did not show {wanted - set(found)} within 10 s")
+            time.sleep(0.05)
+
+    return grant_
