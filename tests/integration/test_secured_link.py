@@ -174,6 +174,7 @@ def test_kafka_to_delta_killed_restarted_and_recovered_on_a_secured_broker(secur
 
     searched = assert_no_secret([tmp_path], [orders, dlq, side], secured_kafka, skip=props, also_skip=wrong)
     assert searched > 50  # tables, checkpoint, driver logs and every record were read
+    print(f"secret grep: {searched} files and records searched, none holds the password or the JAAS text")
 
 
 def test_delta_to_kafka_killed_after_the_decision_on_a_secured_broker(secured_kafka, new_secured_topic, grant, spark,
@@ -236,12 +237,18 @@ def test_each_missing_acl_is_named(missing, says, secured_kafka, new_secured_top
         assert admin_xa.recover(f"lastagent-{link}-") == []
 
 
-def test_a_source_without_read_names_the_topic(secured_kafka, orders, grant, spark):
-    grant(USER, "TOPIC", orders, ["DESCRIBE"])
-    grant(USER, "GROUP", "lastagent-source-", ["READ"], pattern="PREFIXED")
+@pytest.mark.parametrize("granted, says", [
+    ([("TOPIC", "{topic}", ["DESCRIBE"], "LITERAL"), ("GROUP", "lastagent-source-", ["READ"], "PREFIXED")],
+     "the principal needs Describe on the Topic, and Write to produce or Read to consume"),
+    ([("TOPIC", "{topic}", ["READ", "DESCRIBE"], "LITERAL")],
+     "the principal needs Read on the consumer Group: kafka.group.id, else prefixed by the source's groupIdPrefix"),
+])
+def test_a_source_without_read_names_what_it_needs(granted, says, secured_kafka, orders, grant, spark):
+    grant_all(grant, [(rtype, name.format(topic=orders), ops, pattern) for rtype, name, ops, pattern in granted])
     reader = spark.read.format("lastagent-kafka").options(**secured_kafka.kafka_options(USER)).option("subscribe", orders)
-    with pytest.raises(Exception, match="the principal needs Describe on the Topic, and Write to produce or Read to consume"):
+    with pytest.raises(Exception) as err:
         reader.load().collect()
+    assert says in str(err.value)
 
 
 # -- login, TLS and reachability: clear, bounded, nothing written --------------------------------------
