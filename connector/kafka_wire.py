@@ -26,7 +26,7 @@ from kafka.protocol.metadata import CoordinatorType
 from kafka.protocol.producer.transaction import EndTxnRequest
 
 from lastagent.errors import KafkaProtocolError
-from lastagent.kafka_config import KafkaConfig, access_hint
+from lastagent.kafka_config import LOGIN_HINT, KafkaConfig, access_hint
 
 #: The Kafka API keys an outside transaction coordinator client needs, by name.
 _NEEDED_APIS = ((26, "EndTxn"), (65, "DescribeTransactions"), (66, "ListTransactions"))
@@ -68,16 +68,22 @@ def explain(exc: BaseException, what: str) -> KafkaProtocolError:
 
 
 class _LoginFailures(logging.Filter):
-    """Keeps the login failures kafka-python reports while it bootstraps (it only logs them, then
-    retries until its timeout), so the error can say the broker refused the login."""
+    """Keeps the connection failures kafka-python reports while it bootstraps (it only logs them,
+    then retries until its timeout), so the error can say what went wrong."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.seen: list[BaseException] = []
+        self.refused: list[BaseException] = []
+        self.dropped = 0
 
     def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args if isinstance(record.args, tuple) else ()
-        self.seen += [a for a in args if isinstance(a, kafka_errors.SaslAuthenticationFailedError)]
+        for arg in record.args if isinstance(record.args, tuple) else ():
+            if isinstance(arg, kafka_errors.SaslAuthenticationFailedError):
+                self.refused.append(arg)
+            elif isinstance(arg, kafka_errors.KafkaConnectionError):
+                # The broker closes the connection after refusing a login; kafka-python at times
+                # sees the close before it reads the refusal.
+                self.dropped += 1
         return True
 
 
@@ -92,13 +98,13 @@ class _Admin(KafkaAdminClient):
         try:
             super().__init__(**config.kafka_python(timeout_ms))
         except kafka_errors.KafkaError as exc:
-            auth = failures.seen[-1] if failures.seen else None
+            auth = failures.refused[-1] if failures.refused else None
             if getattr(self, "_net", None) is not None:
                 self._closed = False
                 self.close()
             if auth is not None:
                 raise explain(auth, f"connecting to {config.bootstrap_servers}") from None
-            raise KafkaProtocolError(_unreachable(config, timeout_ms, exc), retriable=True) from None
+            raise KafkaProtocolError(_unreachable(config, timeout_ms, exc, failures.dropped), retriable=True) from None
         finally:
             logger.removeFilter(failures)
 
@@ -116,8 +122,9 @@ def admin_client(config: KafkaConfig | Mapping[str, str], timeout_ms: int | None
     return _Admin(config, timeout_ms or int(config.get("request.timeout.ms", "30000")))
 
 
-def _unreachable(config: KafkaConfig, timeout_ms: int, exc: BaseException) -> str:
-    """Why no bootstrap server could be used: unreachable, TLS refused, or no answer in time."""
+def _unreachable(config: KafkaConfig, timeout_ms: int, exc: BaseException, dropped: int = 0) -> str:
+    """Why no bootstrap server could be used: unreachable, TLS refused, the connection closed during
+    the login, or no answer in time."""
     reasons = []
     for server in config.bootstrap_servers.split(","):
         host, _, port = server.strip().rpartition(":")
@@ -135,7 +142,14 @@ def _unreachable(config: KafkaConfig, timeout_ms: int, exc: BaseException) -> st
                            "kafka.ssl.endpoint.identification.algorithm and kafka.security.protocol")
         except OSError as err:
             reasons.append(f"{host}:{port}: {err.strerror or err}")
-    detail = "; ".join(reasons) if reasons else f"{type(exc).__name__}: {exc}"
+    if reasons:
+        detail = "; ".join(reasons)
+    elif dropped and config.security.sasl:
+        detail = (f"the connection{' and TLS handshake' if config.security.tls else ''} succeed, but the broker "
+                  f"closed the connection during the login {dropped} time(s): it refused the login, or its listener "
+                  f"expects another mechanism; {LOGIN_HINT}")
+    else:
+        detail = f"{type(exc).__name__}: {exc}"
     return (f"no Kafka broker could be used at {config.bootstrap_servers} within {timeout_ms} ms "
             f"(kafka.bootstrap.servers, kafka.security.protocol {config.security.protocol}): {detail}")
 

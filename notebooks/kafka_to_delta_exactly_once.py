@@ -8,7 +8,15 @@
 # MAGIC committed after it — or not at all. Recover by restarting the query; inspect a link with
 # MAGIC `lastagent status --link payments-to-delta --table <table path> --bootstrap-servers <servers>`.
 # MAGIC
-# MAGIC Install the `lastagent` wheel on the cluster (formats are found without any registration call).
+# MAGIC Install the `lastagent` wheel on the cluster, or in the notebook with `%pip install lastagent`: it
+# MAGIC does not bring its own pyspark, so the runtime's Spark stays. Spark 4 finds the formats by itself;
+# MAGIC the next cell registers them where a runtime does not (harmless where it does).
+
+# COMMAND ----------
+
+import lastagent  # noqa: E402
+
+lastagent.register(spark)  # noqa: F821 — the notebook's SparkSession
 
 # COMMAND ----------
 
@@ -58,3 +66,16 @@ display(  # noqa: F821
     spark.sql(f"DESCRIBE HISTORY delta.`{BASE}/tables/payments`")  # noqa: F821
     .selectExpr("version", "operation", "operationParameters", "userMetadata")
 )
+
+# COMMAND ----------
+
+# MAGIC %md
+# MAGIC The link's state — decided epochs, branches in doubt, hazards — from a cell, as `lastagent status`
+# MAGIC prints it in a terminal (exit status 0: nothing in doubt).
+
+# COMMAND ----------
+
+from lastagent.cli import main as lastagent_command  # noqa: E402
+
+lastagent_command(["status", "--link", "payments-to-delta", "--table", f"{BASE}/tables/payments",
+                   "--bootstrap-servers", BOOTSTRAP])

@@ -371,3 +371,20 @@ def test_a_read_that_ends_late_never_touches_a_later_reads_consumer(kafka_bootst
     early.close()  # its finally runs now, in the middle of the later read
     rows += sum(b.num_rows for b in later)
     assert rows == 100
+
+
+def test_registered_by_hand_reads_like_discovered(spark, kafka_bootstrap, new_topic):
+    """lastagent.register (for runtimes that do not scan pyspark_* modules) on a session that found the
+    formats already: registering again changes nothing, and the format reads."""
+    import lastagent
+    from confluent_kafka import Producer
+
+    topic = new_topic()
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(3):
+        producer.produce(topic, value=str(i).encode())
+    assert producer.flush(30) == 0
+    lastagent.register(spark)
+    rows = spark.read.format("lastagent-kafka").option("kafka.bootstrap.servers", kafka_bootstrap) \
+        .option("subscribe", topic).load().select("value").collect()
+    assert sorted(r.value for r in rows) == [b"0", b"1", b"2"]
