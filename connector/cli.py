@@ -143,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--rollback", nargs="+", default=[], metavar="TXN_ID", help="roll these back by hand")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        # kafka-python logs every retry of a failing connection; the command's own error says why.
+        handler.addFilter(lambda record: not record.name.startswith("kafka."))
     from kafka.errors import KafkaError
 
     try:
