@@ -10,7 +10,7 @@ PYTEST    := $(PYTHON) -m pytest
 SOURCES   := $(shell find connector sources sinks -name '*.py' 2>/dev/null) pyproject.toml
 LOG       := .cache/setup.log
 
-.PHONY: setup run test test-unit test-integration test-chaos test-chaos-full lint kafka-up kafka-down kafka-up-secured kafka-down-secured bench clean docs
+.PHONY: setup run test test-unit test-integration test-chaos test-chaos-full test-wheel lint kafka-up kafka-down kafka-up-secured kafka-down-secured bench clean docs
 
 setup: $(VENV)/.installed .cache/kafka/jars/.complete .cache/spark/jars/.complete
 
@@ -73,6 +73,10 @@ test-chaos: setup
 # Every crash point with Spark's Python daemon on and off (make test spreads them over the two).
 test-chaos-full: setup
 	LASTAGENT_CHAOS_FULL=1 $(PYTEST) tests/chaos
+
+# The wheel in a fresh virtualenv outside the repository (part of make test too).
+test-wheel: setup
+	$(PYTEST) tests/package
 
 bench: setup kafka-up
 	cd bench && ../$(PYTHON) source_bench.py | tee ../.cache/bench-source.json
