@@ -142,10 +142,6 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--commit", nargs="+", default=[], metavar="TXN_ID", help="commit these branches by hand")
             p.add_argument("--rollback", nargs="+", default=[], metavar="TXN_ID", help="roll these back by hand")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    for handler in logging.getLogger().handlers:
-        # kafka-python logs every retry of a failing connection; the command's own error says why.
-        handler.addFilter(lambda record: not record.name.startswith("kafka."))
     from kafka.errors import KafkaError
 
     try:
@@ -220,7 +216,15 @@ def exit_now(code: int) -> NoReturn:
 
 
 def run() -> NoReturn:
-    """The ``lastagent`` command (console script and ``python -m lastagent.cli``)."""
+    """The ``lastagent`` command (console script and ``python -m lastagent.cli``).
+
+    Logging is set up here, for the command's own process only: :func:`main` called from a
+    notebook or a test leaves the caller's logging as it is.
+    """
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        # kafka-python logs every retry of a failing connection; the command's own error says why.
+        handler.addFilter(lambda record: not record.name.startswith("kafka."))
     exit_now(main())
 
 
