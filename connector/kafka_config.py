@@ -11,9 +11,8 @@ once, keeps the security part apart (secrets never appear in its ``repr``, in
 :meth:`KafkaConfig.librdkafka` and :meth:`KafkaConfig.kafka_python`. What neither library can
 do is an :class:`~lastagent.errors.OptionError` naming the setting and what to use instead.
 
-Parsing is pure; the key and trust files are read only when a client is built, and once at
-query start on the driver (:meth:`KafkaConfig.check`) so that a wrong path or password fails
-there, naming the setting.
+Parsing is pure; the key and trust files are read when a client is built. The driver builds its
+clients at query start, so a wrong path or password fails there, naming the setting.
 """
 
 from __future__ import annotations
@@ -303,17 +302,6 @@ class KafkaConfig(Mapping[str, str]):
         if sec.identity is not None:
             _load_identity(context, sec.identity)
         return context
-
-    def check(self) -> None:
-        """Reads every key and trust store once, so a bad one fails at query start. Driver side.
-
-        Raises:
-            OptionError: naming the store's setting and the reason (missing file, wrong password,
-                not a certificate).
-        """
-        if self.security.tls:
-            self.ssl_context()
-            self.librdkafka()
 
 
 # -- parsing helpers --------------------------------------------------------------------------
