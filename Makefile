@@ -20,7 +20,7 @@ $(VENV)/.deps: pyproject.toml
 	@test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	@echo "setup: installing Python packages into $(VENV) (log: $(LOG))"
 	@$(PIP) install -q --upgrade pip >>$(LOG) 2>&1
-	@$(PIP) install -q ".[spark,test]" >>$(LOG) 2>&1 || (tail -30 $(LOG); exit 1)
+	@$(PIP) install -q ".[spark,connect,test]" >>$(LOG) 2>&1 || (tail -30 $(LOG); exit 1)
 	@touch $@
 
 # The package itself is installed (not editable) so that Spark's worker finds the

@@ -1,6 +1,7 @@
 """Example pipelines and an example transformer. Each pipeline is a driver program of its own.
 
-``python -m lastagent.examples sink-driver BOOTSTRAP SOURCE CHECKPOINT ARBITRATION LINK TOPIC`` and
+``python -m lastagent.examples sink-driver BOOTSTRAP SOURCE CHECKPOINT ARBITRATION LINK TOPIC``,
+``python -m lastagent.examples kafka-driver BOOTSTRAP SOURCE_TOPIC CHECKPOINT ARBITRATION LINK TOPIC [PER_TRIGGER]`` and
 ``python -m lastagent.examples delta-driver BOOTSTRAP TOPIC TABLE CHECKPOINT LINK DEAD_LETTERS SIDE
 [PER_TRIGGER [DEAD_LETTER_TABLE]]`` run a query with ``trigger(availableNow=True)`` to its end. The
 demo kills and restarts them; the crash tests run them with a crash hook installed.
@@ -44,6 +45,38 @@ def sink_driver(bootstrap: str, source: str, checkpoint: str, arbitration: str, 
     spark.sparkContext.setLogLevel("ERROR")
     query = (
         spark.readStream.format("delta").option("maxFilesPerTrigger", "1").load(source)
+        .selectExpr("key", "value")
+        .writeStream.format("lastagent-kafka")
+        .options(**_kafka_options())
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("topic", topic)
+        .option("link", link)
+        .option("arbitrationTable", arbitration)
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    spark.stop()
+    return 0
+
+
+def kafka_driver(bootstrap: str, source_topic: str, checkpoint: str, arbitration: str, link: str, topic: str,
+                 per_trigger: str = "1000") -> int:
+    """``lastagent-kafka`` → ``lastagent-kafka``: a topic copied to another, until the source's end."""
+    from lastagent.spark_session import local_session
+
+    spark = local_session("lastagent-kafka-driver", master=os.environ.get("LASTAGENT_SPARK_MASTER", "local[2]"),
+                          extra_conf=_env_conf())
+    spark.sparkContext.setLogLevel("ERROR")
+    query = (
+        spark.readStream.format("lastagent-kafka")
+        .options(**_kafka_options())
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", source_topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", per_trigger)
+        .load()
         .selectExpr("key", "value")
         .writeStream.format("lastagent-kafka")
         .options(**_kafka_options())
@@ -118,12 +151,11 @@ def delta_driver(bootstrap: str, topic: str, table: str, checkpoint: str, link: 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="lastagent example pipelines")
-    parser.add_argument("pipeline", choices=["sink-driver", "delta-driver"])
+    pipelines = {"sink-driver": sink_driver, "kafka-driver": kafka_driver, "delta-driver": delta_driver}
+    parser.add_argument("pipeline", choices=sorted(pipelines))
     parser.add_argument("args", nargs="*")
     args = parser.parse_args(argv)
-    if args.pipeline == "sink-driver":
-        return sink_driver(*args.args)
-    return delta_driver(*args.args)
+    return pipelines[args.pipeline](*args.args)
 
 
 if __name__ == "__main__":
