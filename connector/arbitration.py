@@ -108,6 +108,14 @@ class ArbitrationStore(Protocol):
         """The link's current owner and generation, or None before the first claim."""
         ...
 
+    def empty_through(self, link: str) -> int:
+        """The newest epoch the link decided while the store did not exist yet, or -1.
+
+        Only a store that a decision creates (the ``lastagent-delta`` target table) has such
+        epochs: each wrote nothing, and the store keeps a record of them elsewhere.
+        """
+        ...
+
     def decide(self, record: ArbitrationRecord, generation: int) -> Decision:
         """Records the epoch unless already decided; returns the record that stands.
 
@@ -223,6 +231,9 @@ class InMemoryArbitrationStore:
 
     def ownership(self, link: str) -> Ownership | None:
         return self._owners.get(link)
+
+    def empty_through(self, link: str) -> int:
+        return -1  # claimed in memory: exists from the first claim
 
     def decide(self, record: ArbitrationRecord, generation: int) -> Decision:
         with self._lock:
@@ -376,6 +387,9 @@ class DeltaArbitrationStore:
     def ownership(self, link: str) -> Ownership | None:
         table = self._table()
         return None if table is None else delta_ownership(table, link)
+
+    def empty_through(self, link: str) -> int:
+        return -1  # created by the first claim, before any decision
 
     def decide(self, record: ArbitrationRecord, generation: int) -> Decision:
         from deltalake import CommitProperties, Transaction, write_deltalake

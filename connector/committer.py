@@ -131,14 +131,16 @@ class Committer:
 
         Otherwise the query was restarted under another ``link`` name or with another arbitration
         store than the one that decided its epochs, and the old link's branches would be left to
-        nobody: refuse, naming both.
+        nobody: refuse, naming both. The exception: every committed epoch was decided with nothing
+        to write before the store existed (a ``lastagent-delta`` first run on an empty topic), which
+        the store has a record of.
         """
         from lastagent.arbitration import LinkMismatchError
 
         if self.store.ownership(self.link) is not None:
             return
         through = self.checkpoint.committed_through()
-        if through >= 0:
+        if through >= 0 and self.store.empty_through(self.link) < through:
             where = getattr(self.options, "arbitration_table", None) or getattr(self.options, "path", "")
             raise LinkMismatchError(
                 f"option 'link': checkpoint {self.options.checkpoint_location} has committed epochs 0..{through}, but "

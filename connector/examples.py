@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 
 import pyarrow as pa
 
@@ -151,7 +152,7 @@ def delta_driver(bootstrap: str, topic: str, table: str, checkpoint: str, link: 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="lastagent example pipelines")
-    pipelines = {"sink-driver": sink_driver, "kafka-driver": kafka_driver, "delta-driver": delta_driver}
+    pipelines: dict[str, Callable[..., int]] = {"sink-driver": sink_driver, "kafka-driver": kafka_driver, "delta-driver": delta_driver}
     parser.add_argument("pipeline", choices=sorted(pipelines))
     parser.add_argument("args", nargs="*")
     args = parser.parse_args(argv)

@@ -203,6 +203,50 @@ class TargetTableStore:
         table = self.table()
         return None if table is None else delta_ownership(table, link)
 
+    # -- epochs decided before the table exists -------------------------------------------------
+    # With a transformer, the table's schema is known only from the first row, so the first
+    # decision with rows creates the table. An epoch before that (an empty topic on a first run)
+    # is decided with nothing to write and nowhere to record it; Spark still commits it. So that
+    # the next start can tell such a checkpoint from one written under another link (which it must
+    # refuse), those epochs are recorded in the checkpoint: <checkpoint>/lastagent/<link>.empty.json.
+
+    def _empty_record(self, link: str) -> tuple[Any, str] | None:
+        if self.checkpoint_location is None:
+            return None
+        from lastagent.checkpoint import filesystem
+
+        fs_, base = filesystem(self.checkpoint_location)
+        return fs_, f"{base}/lastagent/{link}.empty.json"
+
+    def empty_through(self, link: str) -> int:
+        where = self._empty_record(link)
+        if where is None or self.table() is not None:
+            return -1
+        fs_, path = where
+        try:
+            with fs_.open_input_stream(path) as f:
+                record = json.loads(f.read())
+        except FileNotFoundError:
+            return -1
+        except (OSError, ValueError) as exc:
+            raise ArbitrationError(f"cannot read {path}, the record of link {link!r}'s epochs decided before "
+                                   f"Delta table {self.path} existed: {exc}; nothing was changed") from exc
+        if record.get("link") != link or record.get("table") != self.path:
+            return -1  # written for another link or table: proves nothing here
+        return int(record["through"])
+
+    def _record_empty(self, link: str, epoch: int) -> None:
+        """Records that ``epoch`` was decided with nothing written while the table does not exist."""
+        where = self._empty_record(link)
+        if where is None:
+            return
+        fs_, path = where
+        fs_.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        body = json.dumps({"link": link, "table": self.path, "through": epoch}).encode()
+        with fs_.open_output_stream(f"{path}.tmp") as f:
+            f.write(body)
+        fs_.move(f"{path}.tmp", path)  # whole or not at all: a torn record must not read as "through -1"
+
     def decide(self, record: ArbitrationRecord, generation: int, staged: StagedEpoch | None = None) -> Decision:
         """Commits the epoch's files, txn and record in one Delta commit, unless already decided.
 
@@ -255,6 +299,7 @@ class TargetTableStore:
                             raise ArbitrationError(
                                 f"cannot create Delta table {self.path}: the transformer produced no row yet, so "
                                 "its schema is unknown; create the table first or let the first batch have rows")
+                        self._record_empty(record.link, record.epoch)
                         return Decision(record, won=True)  # nothing written, nothing to decide
                     create_table_with_add_actions(self.path, Schema.from_json(schema_json), adds, mode="error",
                                                   partition_by=list(self.partition_by) or None,

@@ -5,7 +5,10 @@ process tree, counted in the file ``LASTAGENT_CRASH_STATE``) names the point. Wh
 it, the driver's process group (the Python driver and its JVM, ``LASTAGENT_CRASH_PGID``) and this
 process's own group (pyspark's daemon and workers) are killed with SIGKILL, as a machine loss would.
 Points named ``task_*`` kill only the Python worker that reaches them (a task attempt dies
-mid-write; Spark retries it). ``<state>.fired`` names the point that fired.
+mid-write; Spark retries it), or with ``LASTAGENT_CRASH_SCOPE=machine`` the whole worker machine
+it runs on: the group ``LASTAGENT_MACHINE_PGID`` (a standalone worker's JVM and its executor JVMs,
+see tests/cluster) and its own (pyspark's daemon leads a group of its own). ``<state>.fired``
+names the point that fired.
 """
 
 from __future__ import annotations
@@ -28,6 +31,12 @@ def kill_at(name: str) -> None:
             return
     Path(str(state) + ".fired").write_text(name)
     if name.startswith("task_"):
+        machine = os.environ.get("LASTAGENT_MACHINE_PGID")
+        if os.environ.get("LASTAGENT_CRASH_SCOPE") == "machine":
+            if not machine:
+                raise RuntimeError("LASTAGENT_CRASH_SCOPE=machine, but this worker has no LASTAGENT_MACHINE_PGID")
+            os.killpg(int(machine), signal.SIGKILL)
+            os.killpg(os.getpgid(0), signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
     driver_group = os.environ.get("LASTAGENT_CRASH_PGID")
     if driver_group and int(driver_group) != os.getpgid(0):

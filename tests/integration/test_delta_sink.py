@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections import Counter
@@ -201,6 +202,23 @@ def test_poison_records_go_to_dead_letters_in_the_same_epoch(spark, tmp_path, ka
                      "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
     assert status["decided_epochs"] == 3 and status["in_doubt"] == [] and status["hazards"] == []
+
+
+def test_a_first_run_on_an_empty_topic_then_records(spark, tmp_path, kafka_bootstrap, new_topic):
+    """With a transformer the table is created by the first epoch with rows; an empty first epoch that
+    Spark commits before that is recorded in the checkpoint, so the restart goes on instead of taking the
+    checkpoint for another link's — and a restart under another link name is still refused."""
+    topic = new_topic(partitions=2)
+    table, ckpt, link = str(tmp_path / "out"), str(tmp_path / "ckpt"), f"d-{uuid.uuid4().hex[:8]}"
+    run = functools.partial(_kafka_to_delta, spark, kafka_bootstrap, topic, table, ckpt,
+                            transformer="lastagent.examples:enrich")
+    run(link).awaitTermination()
+    assert not Path(table).exists() and Path(ckpt, "commits", "0").exists()
+    _produce(kafka_bootstrap, topic, [f"order-1-{i}".encode() for i in range(10)])
+    with pytest.raises(Exception, match="has never seen link 'renamed'"):
+        run("renamed").awaitTermination()
+    run(link).awaitTermination()
+    assert sorted(r.amount for r in spark.read.format("delta").load(table).collect()) == [1000 + i for i in range(10)]
 
 
 def test_without_dead_letter_topic_a_poison_record_fails_the_batch(spark, tmp_path, kafka_bootstrap, new_topic):

@@ -308,6 +308,9 @@ class ModelStore:
     def check_link(self, link: str) -> None:
         pass
 
+    def empty_through(self, link: str) -> int:
+        return -1
+
     def size(self) -> tuple[int, int]:
         return len(self.w.arb.rows), 0
 
