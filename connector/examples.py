@@ -3,7 +3,9 @@
 ``python -m lastagent.examples sink-driver BOOTSTRAP SOURCE CHECKPOINT ARBITRATION LINK TOPIC``,
 ``python -m lastagent.examples kafka-driver BOOTSTRAP SOURCE_TOPIC CHECKPOINT ARBITRATION LINK TOPIC [PER_TRIGGER]`` and
 ``python -m lastagent.examples delta-driver BOOTSTRAP TOPIC TABLE CHECKPOINT LINK DEAD_LETTERS SIDE
-[PER_TRIGGER [DEAD_LETTER_TABLE]]`` run a query with ``trigger(availableNow=True)`` to its end. The
+[PER_TRIGGER [DEAD_LETTER_TABLE]]`` run a query with ``trigger(availableNow=True)`` to its end;
+``python -m lastagent.examples links-driver BOOTSTRAP BASE LINK DELTA_SOURCE ORDERS SINK_TOPIC COPY_TOPIC
+DEAD_LETTERS SIDE [PER_TRIGGER]`` runs the three links as three queries of one application. The
 demo kills and restarts them; the crash tests run them with a crash hook installed.
 ``LASTAGENT_SPARK_MASTER`` and ``LASTAGENT_SPARK_CONF`` (``key=value;key=value``) shape the session;
 ``LASTAGENT_KAFKA_CONFIG`` names a properties file of Kafka client settings (a secured cluster's
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 
@@ -36,15 +39,28 @@ def _kafka_options() -> dict[str, str]:
     return {f"kafka.{k}": v for k, v in read_properties(path).items()} if path else {}
 
 
-def sink_driver(bootstrap: str, source: str, checkpoint: str, arbitration: str, link: str, topic: str) -> int:
-    """Delta table → ``lastagent-kafka``: one file per micro-batch, until the table's end."""
+def _session(name: str) -> Any:
     from lastagent.spark_session import local_session
 
-    # LASTAGENT_SPARK_MASTER lets crash tests allow task retries, e.g. local[2,4].
-    spark = local_session("lastagent-sink-driver", master=os.environ.get("LASTAGENT_SPARK_MASTER", "local[2]"),
-                          extra_conf=_env_conf())
+    # LASTAGENT_SPARK_MASTER lets crash tests allow task retries (local[2,4]) or use a cluster.
+    spark = local_session(name, master=os.environ.get("LASTAGENT_SPARK_MASTER", "local[2]"), extra_conf=_env_conf())
     spark.sparkContext.setLogLevel("ERROR")
-    query = (
+    return spark
+
+
+def _run(name: str, *queries: Callable[[Any], Any]) -> int:
+    """Starts each query in one session and waits for every one to end (availableNow)."""
+    spark = _session(name)
+    for query in [start(spark) for start in queries]:
+        query.awaitTermination()
+    spark.stop()
+    return 0
+
+
+def delta_to_kafka(spark: Any, bootstrap: str, source: str, checkpoint: str, arbitration: str, link: str,
+                   topic: str) -> Any:
+    """Delta table → ``lastagent-kafka``: one file per micro-batch, until the table's end; the started query."""
+    return (
         spark.readStream.format("delta").option("maxFilesPerTrigger", "1").load(source)
         .selectExpr("key", "value")
         .writeStream.format("lastagent-kafka")
@@ -57,20 +73,12 @@ def sink_driver(bootstrap: str, source: str, checkpoint: str, arbitration: str, 
         .trigger(availableNow=True)
         .start()
     )
-    query.awaitTermination()
-    spark.stop()
-    return 0
 
 
-def kafka_driver(bootstrap: str, source_topic: str, checkpoint: str, arbitration: str, link: str, topic: str,
-                 per_trigger: str = "1000") -> int:
-    """``lastagent-kafka`` → ``lastagent-kafka``: a topic copied to another, until the source's end."""
-    from lastagent.spark_session import local_session
-
-    spark = local_session("lastagent-kafka-driver", master=os.environ.get("LASTAGENT_SPARK_MASTER", "local[2]"),
-                          extra_conf=_env_conf())
-    spark.sparkContext.setLogLevel("ERROR")
-    query = (
+def kafka_to_kafka(spark: Any, bootstrap: str, source_topic: str, checkpoint: str, arbitration: str, link: str,
+                   topic: str, per_trigger: str = "1000") -> Any:
+    """``lastagent-kafka`` → ``lastagent-kafka``: a topic copied to another, until the source's end; the started query."""
+    return (
         spark.readStream.format("lastagent-kafka")
         .options(**_kafka_options())
         .option("kafka.bootstrap.servers", bootstrap)
@@ -89,42 +97,16 @@ def kafka_driver(bootstrap: str, source_topic: str, checkpoint: str, arbitration
         .trigger(availableNow=True)
         .start()
     )
-    query.awaitTermination()
-    spark.stop()
-    return 0
 
 
-def enrich(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """An example transformer (executors): ``order-<t>-<i>`` values get an amount; others are poison.
-
-    Used as ``.option("transformer", "lastagent.examples:enrich")``; a record it rejects goes to the
-    dead-letter topic with the exception text.
-    """
-    import pyarrow as pa
-
-    amounts = []
-    for v in batch.column("value").to_pylist():
-        text = v.decode() if isinstance(v, bytes) else str(v)
-        kind, t, i = text.split("-")  # a poison record fails here
-        if kind != "order":
-            raise ValueError(f"not an order: {text!r}")
-        amounts.append(int(t) * 1000 + int(i))
-    return batch.append_column("amount", pa.array(amounts, pa.int64()))
-
-
-def delta_driver(bootstrap: str, topic: str, table: str, checkpoint: str, link: str, dead_letters: str,
-                 side: str, per_trigger: str = "1000", dead_letter_table: str = "") -> int:
-    """Kafka → :func:`enrich` → ``lastagent-delta``, until the topic's end.
+def kafka_to_delta(spark: Any, bootstrap: str, topic: str, table: str, checkpoint: str, link: str, dead_letters: str,
+                   side: str, per_trigger: str = "1000", dead_letter_table: str = "") -> Any:
+    """Kafka → :func:`enrich` → ``lastagent-delta``, until the topic's end; the started query.
 
     Dead letters and follow-up messages (side topic) are committed in the same epoch as the table.
     An empty ``dead_letters`` topic with a ``dead_letter_table`` sends dead letters to that table.
     """
-    from lastagent.spark_session import local_session
-
-    spark = local_session("lastagent-delta-driver", master=os.environ.get("LASTAGENT_SPARK_MASTER", "local[2]"),
-                          extra_conf=_env_conf())
-    spark.sparkContext.setLogLevel("ERROR")
-    query = (
+    return (
         spark.readStream.format("lastagent-kafka")
         .options(**_kafka_options())
         .option("kafka.bootstrap.servers", bootstrap)
@@ -145,14 +127,61 @@ def delta_driver(bootstrap: str, topic: str, table: str, checkpoint: str, link: 
         .trigger(availableNow=True)
         .start(table)
     )
-    query.awaitTermination()
-    spark.stop()
-    return 0
+
+
+def sink_driver(*args: str) -> int:
+    """:func:`delta_to_kafka` as a driver program."""
+    return _run("lastagent-sink-driver", lambda spark: delta_to_kafka(spark, *args))
+
+
+def kafka_driver(*args: str) -> int:
+    """:func:`kafka_to_kafka` as a driver program."""
+    return _run("lastagent-kafka-driver", lambda spark: kafka_to_kafka(spark, *args))
+
+
+def delta_driver(*args: str) -> int:
+    """:func:`kafka_to_delta` as a driver program."""
+    return _run("lastagent-delta-driver", lambda spark: kafka_to_delta(spark, *args))
+
+
+def links_driver(bootstrap: str, base: str, link: str, delta_source: str, orders: str, sink_topic: str,
+                 copy_topic: str, dead_letters: str, side: str, per_trigger: str = "100") -> int:
+    """The three links as three queries of one application: Delta → Kafka (``<link>-sink``), Kafka → Kafka
+    (``<link>-copy``, from ``orders``) and Kafka → Delta (``<link>-delta``, from ``orders`` into
+    ``<base>/orders``); checkpoints and arbitration tables under ``base``."""
+    return _run(
+        "lastagent-links-driver",
+        lambda spark: delta_to_kafka(spark, bootstrap, delta_source, f"{base}/ckpt-sink", f"{base}/arb-sink",
+                                     f"{link}-sink", sink_topic),
+        lambda spark: kafka_to_kafka(spark, bootstrap, orders, f"{base}/ckpt-copy", f"{base}/arb-copy",
+                                     f"{link}-copy", copy_topic, per_trigger),
+        lambda spark: kafka_to_delta(spark, bootstrap, orders, f"{base}/orders", f"{base}/ckpt-delta",
+                                     f"{link}-delta", dead_letters, side, per_trigger),
+    )
+
+
+def enrich(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """An example transformer (executors): ``order-<t>-<i>`` values get an amount; others are poison.
+
+    Used as ``.option("transformer", "lastagent.examples:enrich")``; a record it rejects goes to the
+    dead-letter topic with the exception text.
+    """
+    import pyarrow as pa
+
+    amounts = []
+    for v in batch.column("value").to_pylist():
+        text = v.decode() if isinstance(v, bytes) else str(v)
+        kind, t, i = text.split("-")  # a poison record fails here
+        if kind != "order":
+            raise ValueError(f"not an order: {text!r}")
+        amounts.append(int(t) * 1000 + int(i))
+    return batch.append_column("amount", pa.array(amounts, pa.int64()))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="lastagent example pipelines")
-    pipelines: dict[str, Callable[..., int]] = {"sink-driver": sink_driver, "kafka-driver": kafka_driver, "delta-driver": delta_driver}
+    pipelines: dict[str, Callable[..., int]] = {"sink-driver": sink_driver, "kafka-driver": kafka_driver,
+                                                "delta-driver": delta_driver, "links-driver": links_driver}
     parser.add_argument("pipeline", choices=sorted(pipelines))
     parser.add_argument("args", nargs="*")
     args = parser.parse_args(argv)
