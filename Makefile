@@ -10,7 +10,7 @@ PYTEST    := $(PYTHON) -m pytest
 SOURCES   := $(shell find connector sources sinks -name '*.py' 2>/dev/null) pyproject.toml
 LOG       := .cache/setup.log
 
-.PHONY: setup run test test-unit test-integration test-chaos test-chaos-full test-wheel lint kafka-up kafka-down kafka-up-secured kafka-down-secured bench clean docs
+.PHONY: setup run test test-unit test-integration test-chaos test-chaos-full test-wheel test-cluster test-connect test-notebook soak lint kafka-up kafka-down kafka-up-secured kafka-down-secured bench clean docs
 
 setup: $(VENV)/.installed .cache/kafka/jars/.complete .cache/spark/jars/.complete
 
@@ -77,6 +77,25 @@ test-chaos-full: setup
 # The wheel in a fresh virtualenv outside the repository (part of make test too).
 test-wheel: setup
 	$(PYTEST) tests/package
+
+# A Spark standalone cluster (master + two workers on 127.0.0.1): the three links, a driver and a worker killed.
+test-cluster: setup
+	$(PYTEST) tests/cluster
+
+# A Spark Connect server and Connect clients (subprocesses): source, both sinks, recovery after a server kill.
+test-connect: setup
+	$(PYTEST) tests/connect
+
+# The notebooks (Databricks source format), top to bottom, headless, against the local broker.
+test-notebook: setup
+	$(PYTEST) tests/notebook
+
+# The kill soak: the three links while drivers and executor Python workers are SIGKILLed at seeded random
+# times, then verified (docs/reliability.md). make test runs a short one (tests/soak).
+KILLS ?= 300
+SEED  ?= 7301
+soak: setup kafka-up
+	$(PYTHON) dev/soak.py --kills $(KILLS) --seed $(SEED) --report .cache/soak-$(SEED).json --workdir .cache/soak
 
 bench: setup kafka-up
 	cd bench && ../$(PYTHON) source_bench.py | tee ../.cache/bench-source.json

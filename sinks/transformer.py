@@ -41,7 +41,9 @@ def load(spec: str) -> Transform:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise OptionError("transformer", f"cannot import module {module_name!r} ({exc}); it must be importable "
-                                         "on the driver and on every executor") from exc
+                                         "on the driver and on every executor (with Spark Connect: installed into "
+                                         "the Connect server's Python and its executors'; a module added with "
+                                         "spark.addArtifacts does not reach a data source's tasks)") from exc
     fn = getattr(module, func_name, None)
     if not callable(fn):
         raise OptionError("transformer", f"{module_name!r} has no callable {func_name!r}")
