@@ -235,14 +235,13 @@ class Link:
 
 
 class Soak:
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, resume: dict[str, Any] | None = None) -> None:
         self.args = args
         self.rng = random.Random(args.seed)
         self.bootstrap = args.bootstrap
-        self.run_id = f"soak-{args.seed}-{uuid.uuid4().hex[:6]}"
+        self.run_id = resume["run_id"] if resume else f"soak-{args.seed}-{uuid.uuid4().hex[:6]}"
         self.work = Path(args.workdir).resolve() / self.run_id
-        self.work.mkdir(parents=True)
-        (self.work / "logs").mkdir()
+        (self.work / "logs").mkdir(parents=True, exist_ok=bool(resume))
         self.report_path = Path(args.report).resolve()
         self.report_path.parent.mkdir(parents=True, exist_ok=True)
         self.links_wanted = [k.strip() for k in args.links.split(",") if k.strip()]
@@ -275,18 +274,57 @@ class Soak:
         self._producer: Any = None
         self._daemon_off = False
         self.current_pid: int | None = None
+        self.current_link: str | None = None
+        self.current_record: dict[str, Any] | None = None
+        self.interruptions: list[dict[str, Any]] = []
+        self.elapsed_before = 0.0
+        self.resumed = resume is not None
+        if resume:
+            self._resume(resume)
+
+    def _resume(self, data: dict[str, Any]) -> None:
+        """Takes up an interrupted soak from its report: the same sources, checkpoints, tables and kill counts.
+
+        The RNG restarts from ``"<seed>/<runs done>"``, so a resumed soak is as reproducible as the
+        interruption's point. A driver the interruption left running (the soak itself SIGKILLed) is killed first.
+        """
+        self.rng = random.Random(f"{self.args.seed}/{len(data['run_log'])}")
+        self.kills, self.runs, self.failures = data["kill_log"], data["run_log"], data["failures"]
+        self.interruptions = data.get("interruptions", [])
+        self.started_wall = time.mktime(time.strptime(data["started_at"][:19], "%Y-%m-%dT%H:%M:%S"))
+        self.elapsed_before = float(data["duration_s"])
+        self.load_start = tuple(data["machine"]["loadavg_at_start"])  # type: ignore[assignment]
+        self.driver_budget -= sum(1 for k in self.kills if k["kind"] == "driver")
+        self.worker_budget -= sum(1 for k in self.kills if k["kind"] == "worker")
+        for kind, link in self.links.items():
+            link.produced = int(data["links"][kind]["source_records"])
+            mine = [r for r in self.runs if r["link"] == kind]
+            link.startups = [r["restart_to_first_commit_s"] for r in mine if r["restart_to_first_commit_s"] is not None]
+            for r in reversed(mine):
+                if r["outcome"] != "killed" or r["restart_to_first_commit_s"] is not None:
+                    break
+                link.kills_before_commit += 1
+            link.scan()
+        left = data.get("current_run")
+        if left:
+            procs = session_processes(left["pid"])
+            if any(p.name() == "driver" and self.links[left["link"]].name in p.cmd for p in procs.values()):
+                log(f"killing the driver the interruption left running: {summarize(kill_session(left['pid']))}")
+        log(f"resuming {self.run_id} after {len(self.runs)} runs and {len(self.kills)} kills "
+            f"({self.driver_budget} driver and {self.worker_budget} worker kills to go)")
 
     # --- sources ---
 
     def create(self) -> None:
         from kafka.admin import KafkaAdminClient, NewTopic
 
-        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="lastagent-soak")
-        try:
-            wanted = {"sink-out": 2, "kafka-in": 2, "kafka-out": 2, "orders": 2, "dead": 1, "side": 2}
-            admin.create_topics([NewTopic(self.topics[t], n, 1) for t, n in wanted.items()])
-        finally:
-            admin.close()
+        if not self.resumed:
+            admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="lastagent-soak")
+            try:
+                wanted = {"sink-out": 2, "kafka-in": 2, "kafka-out": 2, "orders": 2, "dead": 1, "side": 2}
+                admin.create_topics([NewTopic(self.topics[t], n, 1) for t, n in wanted.items()])
+            finally:
+                admin.close()
         from confluent_kafka import Producer
 
         self._producer = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 20})
@@ -376,10 +414,12 @@ class Soak:
         stderr_path = self.work / "logs" / f"run-{number:04d}-{link.kind}.log"
         started_wall = time.time()
         t_start = time.monotonic()
-        with open(stderr_path, "wb") as err:
+        with open(stderr_path, "ab") as err:
             proc = subprocess.Popen([sys.executable, "-m", "lastagent.examples", PIPELINES[link.kind], *link.args],
-                                    env=env, start_new_session=True, stdout=err, stderr=subprocess.STDOUT, cwd=self.work)
-        self.current_pid = proc.pid
+                                    env=env, start_new_session=True, preexec_fn=_unblock_signals, stdout=err,
+                                    stderr=subprocess.STDOUT, cwd=self.work)
+        self.current_pid, self.current_link = proc.pid, link.kind
+        self.save()
         plan_text = (f"driver kill at {driver_at:.1f}s" if driver_at is not None else "no driver kill")
         if worker_times:
             plan_text += ", worker kills from " + ", ".join(f"{t:.1f}s" for t in worker_times)
@@ -389,6 +429,7 @@ class Soak:
                                   "daemon": "off" if daemon_off else "on", "started_at": started_wall,
                                   "planned_driver_kill_s": driver_at, "planned_worker_kills_s": worker_times,
                                   "worker_kills": [], "log": str(stderr_path)}
+        self.current_record = record
         first: tuple[int, float] | None = None
         epochs = 0
         pending = list(worker_times)
@@ -408,6 +449,7 @@ class Soak:
                     epochs += 1
                     if first is None:
                         first = (epoch, stamp - started_wall)
+                        record.update({"first_commit_epoch": epoch, "restart_to_first_commit_s": round(first[1], 2)})
                         log(f"run {number} {link.kind}: first commit epoch {epoch} at {first[1]:.1f}s after start")
             if pending and now >= pending[0] and self.worker_budget > 0 and now >= next_look:
                 next_look = now + 0.25
@@ -471,6 +513,7 @@ class Soak:
         log(f"run {number} {link.kind}: {outcome} (exit {code}) after {duration:.1f}s, {epochs} epochs committed "
             f"(latest {link.latest_epoch}), first commit {f'{first[1]:.1f}s' if first else 'none'}{error}")
         self.runs.append(record)
+        self.current_pid = self.current_link = self.current_record = None
         return record
 
     def _kill(self, kind: str, link: Link, run: int, at: float, what: str, daemon_off: bool,
@@ -481,15 +524,16 @@ class Soak:
             kill["before_first_commit"] = before_first_commit
         self.kills.append(kill)
         log(f"KILL #{kill['n']} {kind} link={link.kind} run={run} t=+{at:.1f}s: {what}")
+        self.save()
         return kill
 
     # --- the soak ---
 
     def soak(self) -> None:
         order = [self.links[k] for k in LINKS if k in self.links]
-        i = 0
+        i = len(self.runs)  # round-robin goes on where an interrupted soak stopped
         while self.driver_budget > 0 or self.worker_budget > 0:
-            if time.monotonic() - self.t0 > self.args.max_hours * 3600:
+            if self.elapsed() > self.args.max_hours * 3600:
                 raise SoakAbort(f"--max-hours {self.args.max_hours} reached with {len(self.kills)} kills done")
             link = order[i % len(order)]
             i += 1
@@ -589,7 +633,7 @@ class Soak:
         env = dict(os.environ)
         env.pop("LASTAGENT_SPARK_CONF", None)
         proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--spark-read", table, str(out),
-                               "--workdir", str(self.work)], env=env, capture_output=True, text=True,
+                               "--workdir", str(self.work)], env=env, capture_output=True, text=True, preexec_fn=_unblock_signals,
                               timeout=self.args.verify_timeout)
         if proc.returncode != 0:
             raise SoakAbort(f"reading {table} with Spark failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
@@ -610,7 +654,7 @@ class Soak:
         cmd = [sys.executable, "-m", "lastagent.cli", "status", "--link", link.name, *where,
                "--bootstrap-servers", self.bootstrap, "--json"]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, preexec_fn=_unblock_signals)
         except subprocess.TimeoutExpired:
             return None, "timed out"
         try:
@@ -644,7 +688,9 @@ class Soak:
             "bootstrap": self.bootstrap,
             "workdir": str(self.work),
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.started_wall)),
-            "duration_s": round(time.monotonic() - self.t0, 1),
+            "duration_s": round(self.elapsed(), 1),
+            "interruptions": self.interruptions,
+            "current_run": {"pid": self.current_pid, "link": self.current_link} if self.current_pid else None,
             "parameters": {k: v_ for k, v_ in vars(self.args).items() if k not in ("spark_read",)},
             "machine": {"cpus": os.cpu_count(), "loadavg_at_start": self.load_start, "loadavg_now": os.getloadavg()},
             "kills": {"total": len(self.kills), "by_kind": {"driver": len(driver_kills),
@@ -680,6 +726,10 @@ class Soak:
                 return r.get("outcome") == "killed"
         return False
 
+    def elapsed(self) -> float:
+        """Seconds the soak has run, over all its sessions (an interruption's pause not included)."""
+        return self.elapsed_before + time.monotonic() - self.t0
+
     def save(self) -> dict[str, Any]:
         data = self.report()
         write_json(self.report_path, data)
@@ -696,6 +746,15 @@ class Soak:
             killed = kill_session(self.current_pid)
             if killed:
                 log(f"stopped the running driver: {summarize(killed)}")
+            if self.current_record is not None:
+                # Kept, so the kills it holds keep their run; not counted as a kill.
+                self.current_record.update({"outcome": "interrupted", "exit": None, "leftover_processes": summarize(killed)})
+                self.current_record.setdefault("restart_to_first_commit_s", None)
+                self.current_record.setdefault("first_commit_epoch", None)
+                self.runs.append(self.current_record)
+            self.current_pid = self.current_link = self.current_record = None
+
+
 
 
 class SoakAbort(Exception):
@@ -714,6 +773,36 @@ def compare(expected: list[str], seen: list[str]) -> dict[str, Any]:
     return {"expected": len(want), "seen": len(seen), "lost": len(lost), "duplicated": sum(c - 1 for c in dups.values()),
             "unexpected": len(extra), "lost_sample": lost[:20], "duplicated_sample": sorted(dups)[:20],
             "unexpected_sample": extra[:20]}
+
+
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGHUP}
+
+
+def _unblock_signals() -> None:
+    """In a child before exec: the signals the soak's watcher thread takes are delivered again."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def watch_stop_signals(on_stop: Any) -> None:
+    """Takes SIGTERM/SIGHUP in a thread with ``sigwaitinfo``, so the sender is known: ``on_stop(text)``, then
+    the main thread is interrupted (KeyboardInterrupt). Must be called before any other thread starts."""
+    import _thread
+    import threading
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    # A shell's background job starts with SIGINT ignored, and interrupt_main() does nothing then.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def loop() -> None:
+        info = signal.sigwaitinfo(STOP_SIGNALS)
+        try:
+            sender = Path(f"/proc/{info.si_pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            sender = "(gone)"
+        on_stop(f"{signal.Signals(info.si_signo).name} from pid {info.si_pid} uid {info.si_uid}: {sender.strip()[:300]}")
+        _thread.interrupt_main()
+
+    threading.Thread(target=loop, name="stop-signals", daemon=True).start()
 
 
 def _error_line(tail: list[str]) -> str:
@@ -760,6 +849,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--verify-timeout", type=float, default=600.0)
     p.add_argument("--max-failures", type=int, default=5, help="consecutive failed runs of a link that end the soak")
     p.add_argument("--max-hours", type=float, default=48.0)
+    p.add_argument("--resume", metavar="REPORT",
+                   help="take up an interrupted soak from its report (its parameters; other options are ignored)")
     p.add_argument("--spark-read", nargs=2, metavar=("TABLE", "OUT"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.spark_read:
@@ -768,24 +859,44 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"--links: unknown {sorted(unknown)}")
 
-    soak = Soak(args)
+    resume = None
+    if args.resume:
+        resume = json.loads(Path(args.resume).read_text())
+        if resume["status"] not in ("running", "interrupted"):
+            p.error(f"--resume: {args.resume} is a finished soak (status {resume['status']})")
+        kept = {k: v for k, v in resume["parameters"].items() if k in vars(args) and k != "resume"}
+        args = argparse.Namespace(**{**vars(args), **kept, "report": args.resume, "resume": args.resume})
+    soak = Soak(args, resume)
     log(f"soak: seed {args.seed}, {args.kills} kills ({soak.driver_budget} driver, {soak.worker_budget} worker), "
         f"links {list(soak.links)}, report {soak.report_path}")
 
-    def on_term(signum: int, frame: Any) -> None:
-        raise SoakAbort(f"interrupted by signal {signum}")
+    stopped_by: list[str] = []
 
-    signal.signal(signal.SIGTERM, on_term)
+    def on_stop(text: str) -> None:
+        stopped_by.append(text)
+        log(f"soak: {text}")
+
+    watch_stop_signals(on_stop)
     try:
         soak.create()
         soak.save()
         soak.soak()
         soak.verify()
         soak.status = "passed" if soak.passed() else "failed"
-    except (SoakAbort, KeyboardInterrupt) as exc:
+    except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM/SIGHUP through watch_stop_signals
+        # Not a verdict on the connector: the run's driver is stopped (not counted as a kill) and the
+        # soak can go on with --resume.
+        soak.stop_current()
+        soak.status = "interrupted"
+        soak.interruptions.append({"at_s": round(soak.elapsed(), 1), "after_runs": len(soak.runs),
+                                   "after_kills": len(soak.kills), "why": "; ".join(stopped_by) or str(exc) or "SIGINT",
+                                   "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        why = "; ".join(stopped_by) or exc or "SIGINT"
+        log(f"soak INTERRUPTED ({why}); go on with: {sys.executable} {__file__} --resume {soak.report_path}")
+    except SoakAbort as exc:
         soak.stop_current()
         soak.status = "failed"
-        soak.failures.append({"outcome": "aborted", "error": str(exc) or type(exc).__name__})
+        soak.failures.append({"outcome": "aborted", "error": str(exc)})
         log(f"soak ABORTED: {exc}")
     finally:
         data = soak.save()
@@ -808,6 +919,7 @@ soak {d['run_id']}: {d['status'].upper()}   seed {d['seed']}   duration {d['dura
   runs: {d['runs']['total']} {json.dumps(d['runs']['by_outcome'])}, daemon off in {d['runs']['daemon_off']}
   lost {d['lost']}, duplicated {d['duplicated']}, unexpected {d['unexpected']}, open transactions {d['open_transactions']}, \
 orphan files {d['orphan_files']}, lastagent status clean: {d['status_clean']}
+  interruptions (not kills; resumed with --resume): {len(d.get('interruptions') or [])}
   failures: {len(d['failures'])}{''.join(chr(10) + '    ' + json.dumps(x)[:300] for x in d['failures'][-10:])}
   report: {d['parameters']['report']}""", flush=True)
 
