@@ -1,4 +1,4 @@
-"""A short kill soak in ``make test``: ``dev/soak.py`` with a few kills over the three example links.
+"""A short kill soak in ``make test-soak``: ``dev/soak.py`` with a few kills over the three example links.
 
 Drivers are SIGKILLed (their whole session: driver, JVM, Python daemons and workers) and executor
 Python workers are SIGKILLed at seeded random times while the links run; then every link runs to its
