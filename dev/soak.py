@@ -783,6 +783,25 @@ def _unblock_signals() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
+def _describe_pid(pid: int, depth: int = 3) -> str:
+    """pid, session, working directory and command line of a process and its parents (who sent a signal)."""
+    parts = []
+    for _ in range(depth):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            fields = stat[stat.rfind(")") + 2:].split()
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            parts.append(f"pid {pid} (gone)")
+            break
+        parts.append(f"pid {pid} sid {fields[3]} cwd {cwd}: {cmd[:200]}")
+        pid = int(fields[1])
+        if pid <= 1:
+            break
+    return " <- ".join(parts)
+
+
 def watch_stop_signals(on_stop: Any) -> None:
     """Takes SIGTERM/SIGHUP in a thread with ``sigwaitinfo``, so the sender is known: ``on_stop(text)``, then
     the main thread is interrupted (KeyboardInterrupt). Must be called before any other thread starts."""
@@ -795,11 +814,7 @@ def watch_stop_signals(on_stop: Any) -> None:
 
     def loop() -> None:
         info = signal.sigwaitinfo(STOP_SIGNALS)
-        try:
-            sender = Path(f"/proc/{info.si_pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            sender = "(gone)"
-        on_stop(f"{signal.Signals(info.si_signo).name} from pid {info.si_pid} uid {info.si_uid}: {sender.strip()[:300]}")
+        on_stop(f"{signal.Signals(info.si_signo).name} from {_describe_pid(info.si_pid)} (uid {info.si_uid})")
         _thread.interrupt_main()
 
     threading.Thread(target=loop, name="stop-signals", daemon=True).start()
