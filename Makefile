@@ -93,7 +93,7 @@ test-notebook: setup
 	$(PYTEST) tests/notebook
 
 # The kill soak: the three links while drivers and executor Python workers are SIGKILLed at seeded random
-# times, then verified (docs/reliability.md). make test-soak runs a short one (tests/soak, about 5 minutes).
+# times, then verified (docs/reliability.md). make test-soak runs a short one (tests/soak).
 test-soak: setup
 	$(PYTEST) tests/soak
 
