@@ -57,13 +57,10 @@ def _run(name: str, *queries: Callable[[Any], Any]) -> int:
     return 0
 
 
-def delta_to_kafka(spark: Any, bootstrap: str, source: str, checkpoint: str, arbitration: str, link: str,
-                   topic: str) -> Any:
-    """Delta table → ``lastagent-kafka``: one file per micro-batch, until the table's end; the started query."""
+def _to_lastagent_kafka(rows: Any, bootstrap: str, checkpoint: str, arbitration: str, link: str, topic: str) -> Any:
+    """Starts ``rows`` (key, value) into ``lastagent-kafka`` until the source's end; the started query."""
     return (
-        spark.readStream.format("delta").option("maxFilesPerTrigger", "1").load(source)
-        .selectExpr("key", "value")
-        .writeStream.format("lastagent-kafka")
+        rows.writeStream.format("lastagent-kafka")
         .options(**_kafka_options())
         .option("kafka.bootstrap.servers", bootstrap)
         .option("topic", topic)
@@ -75,10 +72,17 @@ def delta_to_kafka(spark: Any, bootstrap: str, source: str, checkpoint: str, arb
     )
 
 
+def delta_to_kafka(spark: Any, bootstrap: str, source: str, checkpoint: str, arbitration: str, link: str,
+                   topic: str) -> Any:
+    """Delta table → ``lastagent-kafka``: one file per micro-batch, until the table's end; the started query."""
+    rows = spark.readStream.format("delta").option("maxFilesPerTrigger", "1").load(source).selectExpr("key", "value")
+    return _to_lastagent_kafka(rows, bootstrap, checkpoint, arbitration, link, topic)
+
+
 def kafka_to_kafka(spark: Any, bootstrap: str, source_topic: str, checkpoint: str, arbitration: str, link: str,
                    topic: str, per_trigger: str = "1000") -> Any:
     """``lastagent-kafka`` → ``lastagent-kafka``: a topic copied to another, until the source's end; the started query."""
-    return (
+    rows = (
         spark.readStream.format("lastagent-kafka")
         .options(**_kafka_options())
         .option("kafka.bootstrap.servers", bootstrap)
@@ -87,16 +91,8 @@ def kafka_to_kafka(spark: Any, bootstrap: str, source_topic: str, checkpoint: st
         .option("maxOffsetsPerTrigger", per_trigger)
         .load()
         .selectExpr("key", "value")
-        .writeStream.format("lastagent-kafka")
-        .options(**_kafka_options())
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("topic", topic)
-        .option("link", link)
-        .option("arbitrationTable", arbitration)
-        .option("checkpointLocation", checkpoint)
-        .trigger(availableNow=True)
-        .start()
     )
+    return _to_lastagent_kafka(rows, bootstrap, checkpoint, arbitration, link, topic)
 
 
 def kafka_to_delta(spark: Any, bootstrap: str, topic: str, table: str, checkpoint: str, link: str, dead_letters: str,

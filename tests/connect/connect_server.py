@@ -151,19 +151,13 @@ class ConnectServer:
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        for pid in session_members(proc.pid):
+        members = session_members(proc.pid)
+        kill_group(proc)
+        for pid in members:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
         deadline = time.monotonic() + 30
         while _answers(self.port) and time.monotonic() < deadline:
             time.sleep(0.2)
