@@ -99,8 +99,9 @@ test-soak: setup
 
 KILLS ?= 300
 SEED  ?= 7301
+SOAK_ARGS ?=
 soak: setup kafka-up
-	$(PYTHON) dev/soak.py --kills $(KILLS) --seed $(SEED) --report .cache/soak-$(SEED).json --workdir .cache/soak
+	$(PYTHON) dev/soak.py --kills $(KILLS) --seed $(SEED) --report .cache/soak-$(SEED).json --workdir .cache/soak $(SOAK_ARGS)
 
 bench: setup kafka-up
 	cd bench && ../$(PYTHON) source_bench.py | tee ../.cache/bench-source.json

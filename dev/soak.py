@@ -18,7 +18,7 @@ seeded RNG, it plans:
   ``--horizon-factor`` (2) times the median of the link's last restart→first-commit times (``--initial-horizon``
   before there is one; stretched after kills that all came before a first commit): about 45% of the driver
   kills land in start-up and recovery, the rest among epochs;
-* *worker* kills: SIGKILL of one executor Python worker (a child of ``pyspark.daemon pyspark.worker``, or a
+* *worker* kills (1 to ``--worker-kills-per-run``, default 2): each a SIGKILL of one executor Python worker (a child of ``pyspark.daemon pyspark.worker``, or a
   ``-m pyspark.worker`` process when the daemon is off) at random times before the driver kill, at the
   first moment from that time on when such a worker exists; the driver goes on (the task is retried,
   or the query fails and is restarted: counted).
@@ -385,8 +385,10 @@ class Soak:
         horizon = self.horizon(link)
         # Drawn every run, in one order, so that the sequence depends on the seed only.
         u_driver = self.rng.uniform(0.1, 1.0)
-        n_workers = 1 + (self.rng.random() < 0.5)
-        u_workers = sorted(self.rng.uniform(0.1, 1.0) for _ in range(2))[:n_workers]
+        # 1..N worker kills, uniform; for N = 2 the draws are those of the first recorded soaks.
+        most = self.args.worker_kills_per_run
+        n_workers = most - int(self.rng.random() * most)
+        u_workers = sorted(self.rng.uniform(0.1, 1.0) for _ in range(most))[:n_workers]
         daemon_off = self.rng.random() < self.args.daemon_off_share
         self._daemon_off = daemon_off
         if drain:
@@ -851,6 +853,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", default=str(ROOT / ".cache" / "soak"), help="tables, checkpoints and driver logs go below")
     p.add_argument("--links", default=",".join(LINKS), help="comma-separated subset of sink,kafka,delta")
     p.add_argument("--worker-share", type=float, default=0.5, help="share of the kills that hit executor Python workers")
+    p.add_argument("--worker-kills-per-run", type=int, default=2,
+                   help="at most this many executor worker kills per driver run (1..N, uniform)")
     p.add_argument("--daemon-off-share", type=float, default=0.3, help="share of runs with Spark's Python daemon off")
     p.add_argument("--master", default="local[2,64]", help="Spark master of the drivers (task retries after a worker kill)")
     p.add_argument("--initial-horizon", type=float, default=90.0,
@@ -870,6 +874,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.spark_read:
         return spark_read(args.spark_read[0], args.spark_read[1], args.workdir)
+    if args.worker_kills_per_run < 1:
+        p.error(f"--worker-kills-per-run: {args.worker_kills_per_run}; it must be 1 or more")
     unknown = set(args.links.split(",")) - set(LINKS)
     if unknown:
         p.error(f"--links: unknown {sorted(unknown)}")
