@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from lastagent.errors import LastAgentError
+from lastagent.storage import StorageConfig, location
 
 log = logging.getLogger("lastagent.arbitration")
 
@@ -282,22 +283,27 @@ class DeltaArbitrationStore:
     """Arbitration rows in a Delta table, written with deltalake (delta-rs) from the driver.
 
     Args:
-        path: the table's location (local path or URI delta-rs understands).
-        storage_options: passed to delta-rs for object stores.
+        path: the table's location: a local path or a URI of a store :mod:`lastagent.storage` reaches.
+        storage: the query's ``storage.*`` settings, for object stores.
+
+    Raises:
+        OptionError: ``arbitrationTable`` names a store lastagent cannot reach.
     """
 
     SCHEMA_FIELDS = ("link", "epoch", "gxid", "branches", "decided_at", "confirmed_through")
 
-    def __init__(self, path: str, storage_options: dict[str, str] | None = None) -> None:
+    def __init__(self, path: str, storage: StorageConfig | None = None) -> None:
         self.path = str(path)
-        self._storage = storage_options or None
+        self._config = storage or StorageConfig()
+        self._where = location(self.path, "arbitrationTable")
+        self._storage = self._config.delta_options(self._where)
 
     def _table(self):  # noqa: ANN202 — deltalake type
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
 
         try:
-            table = DeltaTable(self.path, storage_options=self._storage)
+            table = DeltaTable(self._where.uri, storage_options=self._storage)
         except TableNotFoundError:
             return None
         except Exception as exc:  # noqa: BLE001 — any read failure means "cannot decide now"
@@ -320,9 +326,7 @@ class DeltaArbitrationStore:
         from deltalake import DeltaTable
         from pyarrow import fs
 
-        from lastagent.checkpoint import filesystem
-
-        filesystem_, root = filesystem(self.path, "arbitrationTable")
+        filesystem_, root = self._config.filesystem(self._where), self._where.path
         try:
             found = filesystem_.get_file_info(fs.FileSelector(root, allow_not_found=True))
         except OSError as exc:
@@ -336,7 +340,7 @@ class DeltaArbitrationStore:
         try:
             # Created empty, so every decision (epoch 0 too) is a commit against an existing
             # table, where the txn-appId conflict check applies.
-            DeltaTable.create(self.path, self._arrow([]).schema, mode="ignore",
+            DeltaTable.create(self._where.uri, self._arrow([]).schema, mode="ignore",
                               storage_options=self._storage, name="lastagent_arbitration")
         except Exception as exc:  # noqa: BLE001 — a concurrent creator may have won; re-open below
             log.info("creating arbitration table %s: %s", self.path, exc)

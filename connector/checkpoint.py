@@ -11,39 +11,19 @@ import json
 from typing import Any, Protocol
 
 from lastagent.errors import OptionError
+from lastagent.storage import StorageConfig, open_path
 
-#: Schemes pyarrow opens itself; ``s3a``/``s3n`` (Hadoop's names for S3) are read as ``s3``.
-_SCHEMES = {"s3": "s3", "s3a": "s3", "s3n": "s3", "gs": "gs", "gcs": "gs", "hdfs": "hdfs", "file": "file"}
-
-
-def filesystem(location: str, option: str = "checkpointLocation") -> tuple[Any, str]:
-    """(pyarrow filesystem, path) for a local path or a URI whose scheme pyarrow can open.
+def filesystem(location: str, option: str = "checkpointLocation",
+               storage: StorageConfig | None = None) -> tuple[Any, str]:
+    """(pyarrow filesystem, path) for a local path or a URI of a store lastagent reaches (:mod:`lastagent.storage`).
 
     Raises:
         OptionError: for ``option``, when the scheme is unknown or the filesystem cannot be opened.
     """
-    from pyarrow import fs
-
-    scheme, sep, rest = location.partition("://")
-    if not sep:
-        if location.startswith("dbfs:"):
-            scheme, rest = "dbfs", location[len("dbfs:"):]
-        else:
-            return fs.LocalFileSystem(), location.rstrip("/") or "/"
-    kind = _SCHEMES.get(scheme.lower())
-    if kind is None:
-        raise OptionError(option, f"{location!r}: lastagent cannot read paths of scheme {scheme!r} itself (it "
-                                  "reads the checkpoint and tables outside Spark); use a local path or one of "
-                                  f"{', '.join(sorted(_SCHEMES))}://")
-    if kind == "file":
-        return fs.LocalFileSystem(), "/" + rest.lstrip("/")
-    try:
-        return fs.FileSystem.from_uri(f"{kind}://{rest}")
-    except (ValueError, TypeError, OSError) as exc:
-        raise OptionError(option, f"{location!r}: cannot open its filesystem: {exc}") from exc
+    return open_path(location, option, storage)
 
 
-def committed_through(location: str) -> int:
+def committed_through(location: str, storage: StorageConfig | None = None) -> int:
     """The newest epoch in Spark's commit log (``<checkpoint>/commits/<epoch>``), -1 for none yet.
 
     Raises:
@@ -51,7 +31,7 @@ def committed_through(location: str) -> int:
     """
     from pyarrow import fs
 
-    filesystem_, path = filesystem(location)
+    filesystem_, path = filesystem(location, storage=storage)
     try:
         infos = filesystem_.get_file_info(fs.FileSelector(f"{path}/commits", allow_not_found=True))
     except OSError as exc:
@@ -60,7 +40,7 @@ def committed_through(location: str) -> int:
     return max((int(i.base_name) for i in infos if i.base_name.isdigit()), default=-1)
 
 
-def query_id(location: str) -> str:
+def query_id(location: str, storage: StorageConfig | None = None) -> str:
     """Spark's id of the query that owns the checkpoint (``<checkpoint>/metadata``), stable across restarts.
 
     Spark writes this file when the query is first created, before the sink's writer is built.
@@ -68,7 +48,7 @@ def query_id(location: str) -> str:
     Raises:
         OptionError: the file is missing, unreadable or not Spark's query metadata.
     """
-    filesystem_, path = filesystem(location)
+    filesystem_, path = filesystem(location, storage=storage)
     try:
         with filesystem_.open_input_stream(f"{path}/metadata") as f:
             text = f.read().decode("utf-8")
@@ -100,11 +80,12 @@ class CheckpointReader(Protocol):
 class SparkCheckpoint:
     """A Spark checkpoint location, read outside Spark (pyarrow). Driver side."""
 
-    def __init__(self, location: str) -> None:
+    def __init__(self, location: str, storage: StorageConfig | None = None) -> None:
         self.location = location
+        self.storage = storage
 
     def committed_through(self) -> int:
-        return committed_through(self.location)
+        return committed_through(self.location, self.storage)
 
     def query_id(self) -> str:
-        return query_id(self.location)
+        return query_id(self.location, self.storage)

@@ -13,6 +13,8 @@ Examples::
 ``--command-config`` reads a Java properties file of Kafka client settings (the ``kafka.*`` options
 without the prefix: ``security.protocol``, ``sasl.jaas.config``, ``ssl.truststore.location``...), so
 passwords stay off the command line; ``--kafka KEY=VALUE`` adds or overrides one setting.
+``--storage KEY=VALUE`` gives a ``storage.*`` setting of the query (a table or checkpoint on an
+object store; docs/storage.md); credentials are better left in the environment.
 
 Exit status: 0 when nothing of the link is in doubt, 1 while anything stays in doubt or a
 decided branch was lost (expired: reported by epoch and branch), 2 on bad usage or an
@@ -45,14 +47,15 @@ def _committer(args: argparse.Namespace) -> Any:
     raw = {"kafka.bootstrap.servers": args.bootstrap_servers, "link": args.link, "checkpointLocation": "-"}
     if args.command_config:
         raw.update({f"kafka.{k}": v for k, v in read_properties(args.command_config).items()})
-    for setting in args.kafka or []:
-        key, _, value = setting.partition("=")
-        raw[f"kafka.{key}"] = value
+    for prefix, settings in (("kafka.", args.kafka), ("storage.", args.storage)):
+        for setting in settings or []:
+            key, _, value = setting.partition("=")
+            raw[prefix + key] = value
     if args.arbitration_table:
         return Committer(KafkaSinkOptions.parse({**raw, "arbitrationTable": args.arbitration_table}))
     options = DeltaSinkOptions.parse({**raw, "path": args.table})
     # Side outputs are the query's options, not the command's: always look for open branches.
-    return Committer(options, store=TargetTableStore(args.table),
+    return Committer(options, store=TargetTableStore(args.table, storage=options.storage),
                      xa=KafkaXAResource(options.client_config, options.transaction_timeout_ms))
 
 
@@ -134,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--table", help="the target table of a lastagent-delta query (its commits are the arbitration)")
         p.add_argument("--bootstrap-servers", required=True, help="kafka.bootstrap.servers")
         p.add_argument("--kafka", action="append", metavar="KEY=VALUE", help="extra kafka.* client setting")
+        p.add_argument("--storage", action="append", metavar="KEY=VALUE",
+                       help="a storage.* setting of the query (object stores; docs/storage.md), e.g. "
+                            "aws_endpoint_url=https://...; credentials are better left in the environment")
         p.add_argument("--command-config", metavar="FILE",
                        help="Kafka client settings (security.protocol, sasl.jaas.config, ssl.*) as a properties file")
         p.add_argument("--json", action="store_true", help="machine-readable output")

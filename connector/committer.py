@@ -48,11 +48,12 @@ class Committer:
                  checkpoint: CheckpointReader | None = None) -> None:
         self.options = options
         self.link: str = options.link
-        self.store: ArbitrationStore = store or DeltaArbitrationStore(options.arbitration_table)
+        self.store: ArbitrationStore = store or DeltaArbitrationStore(options.arbitration_table, options.storage)
         if xa is None and getattr(options, "has_kafka", True):
             xa = KafkaXAResource(options.client_config, options.transaction_timeout_ms)
         self.xa = xa
-        self.checkpoint: CheckpointReader = checkpoint or SparkCheckpoint(options.checkpoint_location)
+        self.checkpoint: CheckpointReader = checkpoint or SparkCheckpoint(options.checkpoint_location,
+                                                                          options.storage)
 
     def __enter__(self) -> "Committer":
         return self

@@ -135,15 +135,17 @@ class OptionTable:
     and what would be right. They run on the driver at query start.
     """
 
-    def __init__(self, options: Iterable[Option], *, exempt: Iterable[str] = (), exempt_prefix: str = "kafka.",
-                 others: str = "", blank_integer_is_unset: bool = False) -> None:
+    def __init__(self, options: Iterable[Option], *, exempt: Iterable[str] = (),
+                 exempt_prefixes: Iterable[str] = ("kafka.",), others: str = "",
+                 blank_integer_is_unset: bool = False) -> None:
         """Builds the table.
 
         Args:
             options: the rows, in documentation order.
             exempt: lower-case names accepted without being options (e.g. ``path``, which Spark
                 passes to every data source).
-            exempt_prefix: names starting with this pass through (to the Kafka client).
+            exempt_prefixes: names starting with one of these pass through (``kafka.*`` to the Kafka
+                client, ``storage.*`` to the storage clients).
             others: what the unknown-option message adds after the valid names, e.g.
                 "kafka.* consumer settings".
             blank_integer_is_unset: a blank value of an integer option reads as not given (its
@@ -159,7 +161,7 @@ class OptionTable:
                 raise ValueError(f"option table: {option.name!r} is declared twice")
             self._options[key] = option
         self._exempt = frozenset(e.lower() for e in exempt)
-        self._exempt_prefix = exempt_prefix.lower()
+        self._exempt_prefixes = tuple(p.lower() for p in exempt_prefixes)
         self._others = others
         self._blank_integer_is_unset = blank_integer_is_unset
 
@@ -278,7 +280,7 @@ class OptionTable:
             OptionError: "unknown option for <what>; did you mean '<option>'? valid options: ...".
         """
         lower = key.lower()
-        if lower in self._options or lower in self._exempt or (self._exempt_prefix and lower.startswith(self._exempt_prefix)):
+        if lower in self._options or lower in self._exempt or lower.startswith(self._exempt_prefixes):
             return
         valid = ", ".join(sorted(o.name for o in self if not o.name.startswith("kafka.")))
         near = difflib.get_close_matches(lower, list(self._options), n=1)

@@ -18,10 +18,10 @@ seeded RNG, it plans:
   ``--horizon-factor`` (2) times the median of the link's last restart→first-commit times (``--initial-horizon``
   before there is one; stretched after kills that all came before a first commit): about 45% of the driver
   kills land in start-up and recovery, the rest among epochs;
-* *worker* kills (1 to ``--worker-kills-per-run``, default 2): each a SIGKILL of one executor Python worker (a child of ``pyspark.daemon pyspark.worker``, or a
-  ``-m pyspark.worker`` process when the daemon is off) at random times before the driver kill, at the
-  first moment from that time on when such a worker exists; the driver goes on (the task is retried,
-  or the query fails and is restarted: counted).
+* *worker* kills (1 to ``--worker-kills-per-run``, default 2): each a SIGKILL of one executor Python worker (a
+  child of ``pyspark.daemon pyspark.worker``, or a ``-m pyspark.worker`` process when the daemon is off) at
+  random times before the driver kill, at the first moment from that time on when such a worker exists; the
+  driver goes on (the task is retried, or the query fails and is restarted: counted).
 
 Whether Spark's Python daemon is on is drawn per run too. Before each start, the link's source is topped up
 so that about ``--backlog-epochs`` epochs of work wait (a producer feeding the soak between runs). Every kill

@@ -24,6 +24,7 @@ from lastagent.arbitration import (ArbitrationError, ArbitrationRecord, Decision
                                    claim_on_delta, delta_ownership, stale)
 from lastagent.errors import LastAgentError
 from lastagent.sinks import delta_files
+from lastagent.storage import Location, StorageConfig, location
 
 log = logging.getLogger("lastagent.delta")
 
@@ -103,13 +104,20 @@ class TargetTableStore:
         fallback_schema_json: the table's schema when an epoch must create it without rows.
         checkpoint_location: Spark's checkpoint, to tell a renamed link from a new one.
         dead_letter_table: the dead-letter Delta table (option ``deadLetterTable``), if any.
+        storage: the query's ``storage.*`` settings, for tables and checkpoints on object stores.
+
+    Raises:
+        OptionError: a path names a store lastagent cannot reach.
     """
 
     def __init__(self, path: str, partition_by: tuple[str, ...] = (), merge_schema: bool = False,
                  fallback_schema_json: str | None = None, checkpoint_location: str | None = None,
-                 dead_letter_table: str | None = None) -> None:
+                 dead_letter_table: str | None = None, storage: StorageConfig | None = None) -> None:
         self.path = path
         self.dead_letter_table = dead_letter_table
+        self.storage = storage or StorageConfig()
+        self._where = location(path, "path")
+        self._dead_where = location(dead_letter_table, "deadLetterTable") if dead_letter_table else None
         self.partition_by = partition_by
         self.merge_schema = merge_schema
         self.fallback_schema_json = fallback_schema_json
@@ -121,7 +129,7 @@ class TargetTableStore:
         from deltalake.exceptions import TableNotFoundError
 
         try:
-            return DeltaTable(self.path)
+            return DeltaTable(self._where.uri, storage_options=self.storage.delta_options(self._where))
         except TableNotFoundError:
             return None
         except Exception as exc:  # noqa: BLE001 — any read failure means "cannot decide now"
@@ -180,7 +188,7 @@ class TargetTableStore:
 
         if self.checkpoint_location is None:
             raise ArbitrationError(f"cannot create Delta table {self.path} without the query's checkpointLocation")
-        return query_id(self.checkpoint_location)
+        return query_id(self.checkpoint_location, self.storage)
 
     def _claimable(self) -> Any:
         table = self.table()
@@ -194,8 +202,9 @@ class TargetTableStore:
 
         assert self.fallback_schema_json is not None, "only called when the schema is known"
         try:
-            create_table_with_add_actions(self.path, Schema.from_json(self.fallback_schema_json), [], mode="ignore",
-                                          partition_by=list(self.partition_by) or None)
+            create_table_with_add_actions(self._where.uri, Schema.from_json(self.fallback_schema_json), [],
+                                          mode="ignore", partition_by=list(self.partition_by) or None,
+                                          storage_options=self.storage.delta_options(self._where))
         except Exception as exc:  # noqa: BLE001 — a concurrent creator may have won; table() decides below
             log.info("creating Delta table %s: %s", self.path, exc)
 
@@ -215,7 +224,7 @@ class TargetTableStore:
             return None
         from lastagent.checkpoint import filesystem
 
-        fs_, base = filesystem(self.checkpoint_location)
+        fs_, base = filesystem(self.checkpoint_location, storage=self.storage)
         return fs_, f"{base}/lastagent/{link}.empty.json"
 
     def empty_through(self, link: str) -> int:
@@ -301,8 +310,9 @@ class TargetTableStore:
                                 "its schema is unknown; create the table first or let the first batch have rows")
                         self._record_empty(record.link, record.epoch)
                         return Decision(record, won=True)  # nothing written, nothing to decide
-                    create_table_with_add_actions(self.path, Schema.from_json(schema_json), adds, mode="error",
-                                                  partition_by=list(self.partition_by) or None,
+                    create_table_with_add_actions(self._where.uri, Schema.from_json(schema_json), adds,
+                                                  mode="error", partition_by=list(self.partition_by) or None,
+                                                  storage_options=self.storage.delta_options(self._where),
                                                   commit_properties=props)
                     self._record_first_run(record.link)
                 else:
@@ -341,10 +351,10 @@ class TargetTableStore:
 
     def discard(self, staged: StagedEpoch) -> None:
         """Deletes staged files that no decision references."""
-        for path, adds in ((self.path, staged.adds), (self.dead_letter_table, staged.dead_letter_adds)):
-            if not adds or path is None:
+        for where, adds in ((self._where, staged.adds), (self._dead_where, staged.dead_letter_adds)):
+            if not adds or where is None:
                 continue
-            fs, root = delta_files.filesystem(path)
+            fs, root = self.storage.filesystem(where), where.path
             for a in adds:
                 try:
                     fs.delete_file(f"{root}/{a['path']}")
@@ -376,9 +386,11 @@ class TargetTableStore:
         props = CommitProperties(custom_metadata={"lastagent.link": link, "lastagent.epoch": str(epoch)},
                                  app_transactions=[Transaction(app_id=link, version=epoch,
                                                                last_updated=int(time.time() * 1000))])
+        dead = self._dead_where
+        assert dead is not None, "dead_letter_table is set"
         for _ in range(10):
             try:
-                table = DeltaTable(self.dead_letter_table)
+                table = DeltaTable(dead.uri, storage_options=self.storage.delta_options(dead))
             except TableNotFoundError:
                 table = None
             done = None if table is None else table.transaction_version(link)
@@ -386,8 +398,9 @@ class TargetTableStore:
                 return 0
             try:
                 if table is None:
-                    create_table_with_add_actions(self.dead_letter_table, Schema.from_arrow(TABLE_SCHEMA),
+                    create_table_with_add_actions(dead.uri, Schema.from_arrow(TABLE_SCHEMA),
                                                   delta_files.add_actions(adds), mode="error",
+                                                  storage_options=self.storage.delta_options(dead),
                                                   commit_properties=props)
                 else:
                     table.create_write_transaction(delta_files.add_actions(adds), "append", table.schema(),
@@ -487,7 +500,7 @@ class TargetTableStore:
             return
         from lastagent.checkpoint import committed_through
 
-        if committed_through(self.checkpoint_location) < 0:
+        if committed_through(self.checkpoint_location, self.storage) < 0:
             return  # a new query: a table shared with other links is fine
         others = sorted({c["lastagent.link"] for c in self._commits()})
         if others:
@@ -520,17 +533,17 @@ class TargetTableStore:
         """
         attempts = self.attempts(link) if decided_through >= 0 else {}
         removed = 0
-        for path in (self.path, self.dead_letter_table):
-            if path is not None:
-                removed += self._sweep(path, link, decided_through, through_generation, attempts)
+        for where in (self._where, self._dead_where):
+            if where is not None:
+                removed += self._sweep(where, link, decided_through, through_generation, attempts)
         return removed
 
-    @staticmethod
-    def _sweep(path: str, link: str, decided_through: int, through_generation: int,
+    def _sweep(self, where: Location, link: str, decided_through: int, through_generation: int,
                attempts: dict[int, set[tuple[int, int]]]) -> int:
         from pyarrow import fs as pafs
 
-        filesystem, root = delta_files.filesystem(path)
+        path = where.given
+        filesystem, root = self.storage.filesystem(where), where.path
         try:
             infos = filesystem.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
         except OSError as exc:

@@ -26,6 +26,8 @@ from urllib.parse import quote
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lastagent.storage import StorageConfig, open_path
+
 _NAME = re.compile(r"^lastagent-(?P<link>.+)-g(?P<generation>\d+)-e(?P<epoch>\d+)-p(?P<partition>\d+)"
                    r"-a(?P<attempt>\d+)-[0-9a-f]{12}\.snappy\.parquet$")
 #: Delta truncates string statistics; a longer max would need a tie-breaker, so it is left out.
@@ -46,13 +48,6 @@ def parse_file_name(name: str) -> tuple[str, int, int, int, int] | None:
     return m["link"], int(m["generation"]), int(m["epoch"]), int(m["partition"]), int(m["attempt"])
 
 
-def filesystem(root: str) -> tuple[Any, str]:
-    """(pyarrow filesystem, path) for a table location: local path or URI."""
-    from pyarrow import fs
-
-    if "://" in root:
-        return fs.FileSystem.from_uri(root)
-    return fs.LocalFileSystem(), str(root).rstrip("/")
 
 
 def delta_arrow_schema(schema: pa.Schema) -> pa.Schema:
@@ -154,11 +149,14 @@ class FileWriter:
         link, generation, epoch, partition, attempt: name the files (see :func:`file_name`).
         partition_by: the table's partition columns (not stored in the files, as Delta does).
         target_bytes: a file is closed and a new one started after about this many bytes.
+        storage: the query's ``storage.*`` settings (object stores).
+        option: the option that named ``root``, for errors.
     """
 
     def __init__(self, root: str, link: str, generation: int, epoch: int, partition: int, attempt: int,
-                 partition_by: tuple[str, ...] = (), target_bytes: int = 128 << 20) -> None:
-        self.fs, self.root = filesystem(root)
+                 partition_by: tuple[str, ...] = (), target_bytes: int = 128 << 20,
+                 storage: StorageConfig | None = None, option: str = "path") -> None:
+        self.fs, self.root = open_path(root, option, storage)
         self.naming = (link, generation, epoch, partition, attempt)
         self.partition_by = partition_by
         self.target_bytes = target_bytes

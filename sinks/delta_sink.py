@@ -70,7 +70,8 @@ class _Outputs:
         self.tid = options.transactional_id(generation, partition, attempt)
         self.branch: BranchWriter | None = None
         self.dead = 0
-        self.table_files = (FileWriter(options.dead_letter_table, options.link, generation, epoch, partition, attempt)
+        self.table_files = (FileWriter(options.dead_letter_table, options.link, generation, epoch, partition, attempt,
+                                       storage=options.storage, option="deadLetterTable")
                             if options.dead_letter_table else None)
         self._table_rows: list[dict[str, Any]] = []
 
@@ -219,7 +220,7 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
     def _store(self) -> TargetTableStore:
         return TargetTableStore(self.options.path, self.options.partition_by, self.options.merge_schema,
                                 None if self.options.transformer else self.query_schema_json,
-                                self.options.checkpoint_location, self.options.dead_letter_table)
+                                self.options.checkpoint_location, self.options.dead_letter_table, self.options.storage)
 
     # -- executor ---------------------------------------------------------------------------
 
@@ -244,7 +245,7 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
 
             target = delta_arrow_schema(pa.schema(Schema.from_json(self.table_schema_json).to_arrow()))
         files = FileWriter(opts.path, opts.link, started.generation, epoch, partition, attempt, self.partition_by,
-                           opts.target_file_bytes)
+                           opts.target_file_bytes, storage=opts.storage)
         outputs = _Outputs(opts, epoch, started.generation, partition, attempt)
         try:
             for batch in iterator:
@@ -328,7 +329,7 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
             first, *rest = schemas
             problems = [p for other in rest for p in schema_diff(first, other, False)[0]]
             if problems:
-                TargetTableStore(self.options.path).discard(staged)
+                TargetTableStore(self.options.path, storage=self.options.storage).discard(staged)
                 raise schema_error(self.options.path, problems)
         return staged
 

@@ -16,6 +16,7 @@ from lastagent import xid
 from lastagent.kafka_config import KafkaConfig
 from lastagent.errors import OptionError
 from lastagent.options import Option, OptionTable
+from lastagent.storage import StorageConfig, location
 from lastagent.sinks.kafka_sink_options import DEFAULT_TRANSACTION_TIMEOUT_MS
 
 #: Producer settings the sink owns (same reasons as the Kafka sink's).
@@ -70,7 +71,7 @@ DELTA_SINK_OPTIONS = OptionTable([
            minimum=1000),
     Option("phase2Parallelism", "integer", "8", "Kafka branches committed in parallel after the Delta commit.",
            minimum=1),
-], others="kafka.* producer settings")
+], exempt_prefixes=("kafka.", "storage."), others="kafka.* producer settings and storage.* settings (docs/storage.md)")
 _COLUMN = re.compile(r"^[^ ,;{}()\n\t=]+$")
 
 
@@ -116,6 +117,7 @@ class DeltaSinkOptions(xid.LinkIds):
     # retention (not ours) decides how long records stay.
     cleanup_every: int = 1 << 62
     retention_epochs: int = 0
+    storage: StorageConfig = field(default_factory=StorageConfig)
 
     @property
     def has_kafka(self) -> bool:
@@ -152,6 +154,10 @@ class DeltaSinkOptions(xid.LinkIds):
             which = "deadLetterTopic" if dead_letter else "sideTopics"
             raise OptionError("kafka.bootstrap.servers", f"is required when '{which}' is set; "
                                                          "e.g. .option('kafka.bootstrap.servers', 'host:9092')")
+        storage = StorageConfig.parse(options)
+        for option in ("path", "checkpointLocation", "deadLetterTable"):
+            if opts.get(option.lower(), "").strip():
+                storage.check(location(opts[option.lower()], option))
         keep = DELTA_SINK_OPTIONS.comma_list(opts, "keepHeaders")
         drop = DELTA_SINK_OPTIONS.comma_list(opts, "dropHeaders")
         if keep and drop:
@@ -173,4 +179,5 @@ class DeltaSinkOptions(xid.LinkIds):
             client_config=KafkaConfig.parse(client),
             transaction_timeout_ms=DELTA_SINK_OPTIONS.integer_value(opts, "kafka.transaction.timeout.ms"),
             phase2_parallelism=DELTA_SINK_OPTIONS.integer_value(opts, "phase2Parallelism"),
+            storage=storage,
         )

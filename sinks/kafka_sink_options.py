@@ -14,6 +14,7 @@ from lastagent import xid
 from lastagent.kafka_config import KafkaConfig
 from lastagent.errors import OptionError
 from lastagent.options import Option, OptionTable
+from lastagent.storage import StorageConfig, location
 
 #: Producer settings the sink owns: a user value would break the protocol or the row schema.
 _RESERVED = {
@@ -46,7 +47,8 @@ SINK_OPTIONS = OptionTable([
            minimum=1),
     Option("phase2Parallelism", "integer", "8", "Branches committed in parallel in phase 2.", minimum=1),
     Option("checkpointLocation", "string", None, "Spark's checkpoint location (required: recovery depends on it)."),
-], exempt=("path",), others="kafka.* producer settings")
+], exempt=("path",), exempt_prefixes=("kafka.", "storage."),
+   others="kafka.* producer settings and storage.* settings (docs/storage.md)")
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class KafkaSinkOptions(xid.LinkIds):
     phase2_parallelism: int
     checkpoint_location: str
     extra: dict[str, str] = field(default_factory=dict)
+    storage: StorageConfig = field(default_factory=StorageConfig)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -82,6 +85,7 @@ class KafkaSinkOptions(xid.LinkIds):
                     raise OptionError(key, f"is set by the sink and cannot be given: {_RESERVED[key]}")
                 continue
             SINK_OPTIONS.check_known(key, "the lastagent-kafka sink")
+        storage = StorageConfig.parse(options)
         for required in ("kafka.bootstrap.servers", "link", "arbitrationTable", "checkpointLocation"):
             if not opts.get(required.lower(), "").strip():
                 hint = {
@@ -96,6 +100,8 @@ class KafkaSinkOptions(xid.LinkIds):
         timeout = SINK_OPTIONS.integer_value(opts, "kafka.transaction.timeout.ms")
         client = {k[len("kafka."):]: v for k, v in opts.items() if k.startswith("kafka.")}
         client.pop("transaction.timeout.ms", None)
+        for option in ("arbitrationTable", "checkpointLocation"):
+            storage.check(location(opts[option.lower()], option))
         return cls(
             link=link,
             arbitration_table=opts["arbitrationtable"].strip(),
@@ -106,4 +112,5 @@ class KafkaSinkOptions(xid.LinkIds):
             cleanup_every=SINK_OPTIONS.integer_value(opts, "arbitrationCleanupEvery"),
             phase2_parallelism=SINK_OPTIONS.integer_value(opts, "phase2Parallelism"),
             checkpoint_location=opts["checkpointlocation"],
+            storage=storage,
         )

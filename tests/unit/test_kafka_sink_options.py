@@ -138,7 +138,7 @@ def test_checkpoint_reads_fail_closed(tmp_path):
         (tmp_path / "c" / "commits" / e).write_text("v1")
     assert checkpoint.committed_through(str(tmp_path / "c")) == 12
     assert checkpoint.committed_through(f"file://{tmp_path / 'c'}") == 12
-    with pytest.raises(OptionError, match="option 'checkpointLocation': 'wasbs://c@a/p': lastagent cannot read paths "
+    with pytest.raises(OptionError, match="option 'checkpointLocation': 'wasbs://c@a/p': lastagent cannot reach paths "
                                           "of scheme 'wasbs'"):
         checkpoint.committed_through("wasbs://c@a/p")
     with pytest.raises(OptionError, match="has no Spark query metadata file"):
