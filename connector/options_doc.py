@@ -10,6 +10,7 @@ from lastagent.options import OptionTable
 from lastagent.sinks.delta_sink_options import DELTA_SINK_OPTIONS
 from lastagent.sinks.kafka_sink_options import SINK_OPTIONS
 from lastagent.sources.kafka_source_options import SOURCE_OPTIONS
+from lastagent.storage import STORAGE_SETTINGS
 
 
 def _cell(text: str) -> str:
@@ -53,6 +54,15 @@ def render() -> str:
         "## `lastagent-delta` sink (`df.writeStream`)",
         "",
         *_table(DELTA_SINK_OPTIONS),
+        "",
+        "## `storage.*` settings (both sinks, and `lastagent --storage KEY=VALUE`)",
+        "",
+        "How lastagent reaches tables and checkpoints on object stores (docs/storage.md). The names are",
+        "delta-rs's storage options with the prefix `storage.`; any other `storage.*` name is passed to",
+        "delta-rs as it is. A setting not given is taken from the environment of the process doing the",
+        "I/O (driver or executor), as delta-rs and the cloud SDKs take it.",
+        "",
+        *_table(STORAGE_SETTINGS),
         "",
     ]
     return "\n".join(out)

@@ -32,6 +32,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from lastagent.errors import OptionError
+from lastagent.options import Option, OptionTable
 
 #: The prefix of the storage settings among a format's options.
 PREFIX = "storage."
@@ -41,6 +42,29 @@ SCHEMES = {"s3": "s3", "s3a": "s3", "s3n": "s3", "gs": "gs", "gcs": "gs", "abfss
            "az": "azure", "azure": "azure", "file": "local"}
 #: Kinds whose whole route (pyarrow, delta-rs, Spark) the tests run against a real server.
 TESTED = ("local", "s3")
+
+#: The documented settings (docs/options.md is generated from this table). Any other ``storage.*`` name is
+#: passed to delta-rs as it is (object_store's names); the ones below are also translated for pyarrow.
+STORAGE_SETTINGS = OptionTable([
+    Option("storage.aws_access_key_id", "string", "", "S3 access key id. Unset: the AWS SDK's chain in the process "
+                                                      "doing the I/O (AWS_ACCESS_KEY_ID, a profile, the instance's "
+                                                      "role), on the driver and on every executor."),
+    Option("storage.aws_secret_access_key", "string", "", "Its secret; never shown in logs, errors or tables. "
+                                                          "Unset: the AWS SDK's chain, as above."),
+    Option("storage.aws_session_token", "string", "", "Session token of temporary credentials. Unset: "
+                                                      "AWS_SESSION_TOKEN or the chain."),
+    Option("storage.aws_region", "string", "", "The bucket's region. Unset: AWS_REGION, else AWS_DEFAULT_REGION."),
+    Option("storage.aws_endpoint_url", "string", "", "Endpoint of an S3-compatible store, e.g. "
+                                                     "http://127.0.0.1:9000 (path-style requests). Unset: "
+                                                     "AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else AWS S3."),
+    Option("storage.aws_allow_http", "boolean", "false", "true allows an http:// endpoint (delta-rs refuses plain "
+                                                         "HTTP otherwise). Unset: AWS_ALLOW_HTTP."),
+    Option("storage.azure_storage_account_name", "string", "", "Azure storage account of abfss:// paths (not "
+                                                               "tested here). Unset: AZURE_STORAGE_ACCOUNT_NAME."),
+    Option("storage.azure_storage_account_key", "string", "", "Its key (not tested here). Unset: "
+                                                              "AZURE_STORAGE_ACCOUNT_KEY or Azure's default "
+                                                              "credential."),
+], exempt_prefixes=())
 
 #: Settings whose values may be shown (in errors and the ``repr``); every other value is a credential.
 _SHOWN = {"aws_region", "region", "aws_default_region", "aws_endpoint_url", "aws_endpoint", "endpoint_url",
@@ -290,6 +314,40 @@ class StorageConfig:
             return fs.GcsFileSystem()
         except (ValueError, TypeError, OSError) as exc:  # pyarrow's ArrowInvalid is a ValueError
             raise OptionError(where.option, f"{where.given!r}: cannot open its store: {exc}") from exc
+
+
+def require_reachable(config: StorageConfig, paths: Mapping[str, str | None]) -> None:
+    """Fails at query start when a path option's store cannot be reached. Driver side.
+
+    Each object-store location's bucket (or container) is looked up with these settings; local
+    paths are left to the code that uses them. No file is written.
+
+    Args:
+        config: the query's storage settings.
+        paths: option name → path as given (None or blank: not set).
+
+    Raises:
+        OptionError: naming the option: the store does not answer, refuses these credentials, or has no
+            such bucket.
+    """
+    from pyarrow import fs
+
+    for option, given in paths.items():
+        if not given or not given.strip():
+            continue
+        where = location(given, option)
+        if where.is_local:
+            continue
+        filesystem = config.filesystem(where)
+        bucket = where.path.split("/")[0]
+        try:
+            info = filesystem.get_file_info(bucket)
+        except OSError as exc:
+            raise OptionError(option, f"{given!r}: cannot reach its store with the storage.* settings and the "
+                                      f"environment ({exc}); nothing was changed") from exc
+        if info.type == fs.FileType.NotFound:
+            raise OptionError(option, f"{given!r}: bucket {bucket!r} does not exist, or these credentials cannot "
+                                      "see it; lastagent does not create buckets")
 
 
 def open_path(given: str, option: str, config: StorageConfig | None = None) -> tuple[Any, str]:

@@ -33,6 +33,7 @@ from lastagent.sinks.delta_commit import StagedEpoch, TargetTableStore, schema_d
 from lastagent.sinks.delta_files import FileWriter, delta_arrow_schema
 from lastagent.sinks.delta_sink_options import DeltaSinkOptions
 from lastagent.sinks.query_run import Started, StartsWhenShipped, generation_of, require_started, require_topics, task_epoch
+from lastagent.storage import require_reachable
 
 log = logging.getLogger("lastagent.delta")
 
@@ -184,6 +185,9 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
         """Checks the table, claims the link and recovers what earlier runs left. Driver, once per run."""
         from lastagent.committer import Committer
 
+        opts = self.options
+        require_reachable(opts.storage, {"path": opts.path, "checkpointLocation": opts.checkpoint_location,
+                                         "deadLetterTable": opts.dead_letter_table})
         store = self._store()
         table = store.table()
         if table is not None:

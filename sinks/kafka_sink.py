@@ -32,6 +32,7 @@ from lastagent.sinks.kafka_rows import check_schema, records, simple_columns
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 from lastagent.sinks.query_run import (Started, StartsWhenShipped, generation_of, require_started, require_topics,
                                        task_epoch)
+from lastagent.storage import require_reachable
 
 log = logging.getLogger("lastagent.sink")
 
@@ -69,6 +70,8 @@ class KafkaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
         """Claims the link's next generation and recovers what earlier runs left. Driver, once per run."""
         from lastagent.committer import Committer
 
+        require_reachable(self.options.storage, {"arbitrationTable": self.options.arbitration_table,
+                                                 "checkpointLocation": self.options.checkpoint_location})
         with Committer(self.options) as committer:
             require_topics(committer, {"topic": [self.options.topic] if self.options.topic else []})
             ownership, decided_through = committer.start()
