@@ -10,9 +10,10 @@ PYTEST    := $(PYTHON) -m pytest
 SOURCES   := $(shell find connector sources sinks -name '*.py' 2>/dev/null) pyproject.toml
 LOG       := .cache/setup.log
 
-.PHONY: setup run test test-unit test-integration test-chaos test-chaos-full test-wheel test-cluster test-connect test-notebook test-soak soak lint kafka-up kafka-down kafka-up-secured kafka-down-secured bench clean docs
+.PHONY: setup run test test-unit test-integration test-chaos test-chaos-full test-wheel test-cluster test-connect test-notebook test-soak soak lint kafka-up kafka-down kafka-up-secured kafka-down-secured s3-up s3-down bench clean docs
 
-setup: $(VENV)/.installed .cache/kafka/jars/.complete .cache/spark/jars/.complete
+setup: $(VENV)/.installed .cache/kafka/jars/.complete .cache/spark/jars/.complete .cache/s3/jars/.complete \
+       .cache/spark/s3a-jars/.complete
 
 # Python packages, pinned in pyproject.toml.
 $(VENV)/.deps: pyproject.toml
@@ -36,6 +37,13 @@ $(VENV)/.installed: $(VENV)/.deps $(SOURCES)
 .cache/spark/jars/.complete: $(VENV)/.deps dev/spark/pom.xml
 	@$(PYTHON) dev/spark_jars.py
 
+# hadoop-aws and the AWS SDK v2 modules it uses (not the 686 MB SDK bundle), for s3a:// in Spark.
+.cache/spark/s3a-jars/.complete: $(VENV)/.deps dev/spark/s3a-pom.xml
+	@$(PYTHON) dev/spark_jars.py --s3a
+
+.cache/s3/jars/.complete: dev/s3/pom.xml
+	@$(PY) dev/s3_server.py resolve
+
 kafka-up: .cache/kafka/jars/.complete
 	@$(PY) dev/kafka_broker.py up
 
@@ -49,6 +57,15 @@ kafka-up-secured: .cache/kafka/jars/.complete
 
 kafka-down-secured:
 	@$(PY) dev/kafka_broker.py down --secured
+
+# An S3-compatible server (s3proxy, filesystem backend) on LASTAGENT_S3_PORT (default 39900), path-style,
+# bound to 127.0.0.1; keys in dev/s3_server.py (ACCESS_KEY, SECRET_KEY); objects in .cache/s3/<port>/data.
+S3_BUCKETS ?= lastagent
+s3-up: .cache/s3/jars/.complete
+	@$(PY) dev/s3_server.py up $(addprefix --bucket ,$(S3_BUCKETS))
+
+s3-down:
+	@$(PY) dev/s3_server.py down
 
 run: setup kafka-up
 	@$(PYTHON) dev/demo.py

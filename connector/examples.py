@@ -9,7 +9,9 @@ DEAD_LETTERS SIDE [PER_TRIGGER]`` runs the three links as three queries of one a
 demo kills and restarts them; the crash tests run them with a crash hook installed.
 ``LASTAGENT_SPARK_MASTER`` and ``LASTAGENT_SPARK_CONF`` (``key=value;key=value``) shape the session;
 ``LASTAGENT_KAFKA_CONFIG`` names a properties file of Kafka client settings (a secured cluster's
-``security.protocol``, ``sasl.jaas.config``, stores) given to every Kafka reader and writer as ``kafka.*``.
+``security.protocol``, ``sasl.jaas.config``, stores) given to every Kafka reader and writer as ``kafka.*``;
+``LASTAGENT_STORAGE_CONFIG`` one of storage settings (``aws_endpoint_url``, ...) given to both sinks as
+``storage.*`` (tables and checkpoints on an object store).
 """
 
 from __future__ import annotations
@@ -31,12 +33,22 @@ def _env_conf() -> dict[str, str]:
     return {k.strip(): v.strip() for k, _, v in pairs}
 
 
-def _kafka_options() -> dict[str, str]:
-    """``kafka.*`` options from the properties file ``LASTAGENT_KAFKA_CONFIG`` names, if any."""
+def _file_options(variable: str, prefix: str) -> dict[str, str]:
+    """``<prefix>*`` options from the properties file the environment variable names, if any."""
     from lastagent.cli import read_properties
 
-    path = os.environ.get("LASTAGENT_KAFKA_CONFIG", "")
-    return {f"kafka.{k}": v for k, v in read_properties(path).items()} if path else {}
+    path = os.environ.get(variable, "")
+    return {f"{prefix}{k}": v for k, v in read_properties(path).items()} if path else {}
+
+
+def _kafka_options() -> dict[str, str]:
+    """``kafka.*`` options from the properties file ``LASTAGENT_KAFKA_CONFIG`` names, if any."""
+    return _file_options("LASTAGENT_KAFKA_CONFIG", "kafka.")
+
+
+def _storage_options() -> dict[str, str]:
+    """``storage.*`` options from the properties file ``LASTAGENT_STORAGE_CONFIG`` names, if any."""
+    return _file_options("LASTAGENT_STORAGE_CONFIG", "storage.")
 
 
 def _session(name: str) -> Any:
@@ -62,6 +74,7 @@ def _to_lastagent_kafka(rows: Any, bootstrap: str, checkpoint: str, arbitration:
     return (
         rows.writeStream.format("lastagent-kafka")
         .options(**_kafka_options())
+        .options(**_storage_options())
         .option("kafka.bootstrap.servers", bootstrap)
         .option("topic", topic)
         .option("link", link)
@@ -112,6 +125,7 @@ def kafka_to_delta(spark: Any, bootstrap: str, topic: str, table: str, checkpoin
         .load()
         .selectExpr("CAST(key AS STRING) AS key", "value", "topic", "partition", "offset")
         .writeStream.format("lastagent-delta")
+        .options(**_storage_options())
         .option("link", link)
         .option("checkpointLocation", checkpoint)
         .option("transformer", "lastagent.examples:enrich")

@@ -22,7 +22,7 @@ def local_session(app_name: str = "lastagent", master: str = "local[2]", jars_di
         master: Spark master URL.
         jars_dir: directory of extra jars; defaults to ``$LASTAGENT_SPARK_JARS`` or the
             repository's ``.cache/spark/jars`` filled by ``make setup``.
-        extra_conf: further Spark settings.
+        extra_conf: further Spark settings; a ``spark.jars`` there is added to the resolved jars.
     """
     # Python workers must run the interpreter that has lastagent and its dependencies.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -30,6 +30,8 @@ def local_session(app_name: str = "lastagent", master: str = "local[2]", jars_di
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     jars_path = Path(jars_dir or os.environ.get("LASTAGENT_SPARK_JARS", "") or _default_jars_dir())
     jars = sorted(str(p) for p in jars_path.glob("*.jar"))
+    extra = dict(extra_conf or {})
+    more = [j for j in extra.pop("spark.jars", "").split(",") if j.strip()]
     if not jars:
         raise FileNotFoundError(
             f"no jars in {jars_path}: run `make setup` (it resolves delta-spark and spark-sql-kafka "
@@ -38,7 +40,7 @@ def local_session(app_name: str = "lastagent", master: str = "local[2]", jars_di
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
-        .config("spark.jars", ",".join(jars))
+        .config("spark.jars", ",".join(jars + more))
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
         .config("spark.sql.shuffle.partitions", "2")
@@ -49,7 +51,7 @@ def local_session(app_name: str = "lastagent", master: str = "local[2]", jars_di
         .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
         .config("spark.python.worker.reuse", "true")
     )
-    for key, value in (extra_conf or {}).items():
+    for key, value in extra.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
 

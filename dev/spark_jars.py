@@ -1,14 +1,20 @@
-"""Resolves the Spark-side jars (delta-spark, spark-sql-kafka) from Maven Central once.
+"""Resolves the Spark-side jars from Maven Central once.
 
-Maven copies the runtime closure of ``dev/spark/pom.xml`` into ``.cache/spark/jars``; jars that
-pyspark already ships (by artifact name, any version) are dropped so pyspark's own versions win.
-Tests and the demo pass the rest as ``spark.jars``; nothing is resolved on each run.
+Two sets, each the runtime closure of a pom copied by Maven into its own directory:
 
-Usage: ``python dev/spark_jars.py`` (prints the jar directory). Standard library only.
+* ``dev/spark/pom.xml`` → ``.cache/spark/jars``: delta-spark and spark-sql-kafka.
+* ``dev/spark/s3a-pom.xml`` → ``.cache/spark/s3a-jars``: Hadoop's s3a filesystem (hadoop-aws) with
+  the individual AWS SDK v2 modules it uses, not the SDK's 686 MB ``bundle``.
+
+Jars that pyspark already ships (by artifact name, any version) are dropped from both, so pyspark's
+own versions win. Tests and the demo pass the rest as ``spark.jars``; nothing is resolved on each run.
+
+Usage: ``python dev/spark_jars.py [--s3a]`` (prints the jar directory). Standard library only.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import re
@@ -21,6 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("LASTAGENT_CACHE", ROOT / ".cache"))
 JARS = CACHE / "spark" / "jars"
 POM = ROOT / "dev" / "spark" / "pom.xml"
+S3A_JARS = CACHE / "spark" / "s3a-jars"
+S3A_POM = ROOT / "dev" / "spark" / "s3a-pom.xml"
 _VERSIONED = re.compile(r"^(?P<name>.+?)-\d[\w.\-]*\.jar$")
 
 
@@ -36,15 +44,15 @@ def pyspark_jars_dir() -> Path:
     return Path(spec.origin).parent / "jars"
 
 
-def resolve() -> list[Path]:
-    """Returns the extra jars, resolving them the first time."""
-    marker = JARS / ".complete"
+def _resolve(pom: Path, jars: Path, what: str) -> list[Path]:
+    """The runtime closure of pom minus what pyspark ships, in jars; resolved the first time."""
+    marker = jars / ".complete"
     if not marker.exists():
-        staging = JARS.with_name("jars.staging")
+        staging = jars.with_name(f"{jars.name}.staging")
         shutil.rmtree(staging, ignore_errors=True)
-        print("spark-jars: resolving delta-spark and spark-sql-kafka from Maven Central ...", flush=True)
+        print(f"spark-jars: resolving {what} from Maven Central ...", flush=True)
         result = subprocess.run(
-            ["mvn", "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
+            ["mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
              f"-DoutputDirectory={staging}", "-DincludeScope=runtime"],
             capture_output=True, text=True,
         )
@@ -54,13 +62,26 @@ def resolve() -> list[Path]:
         for jar in staging.glob("*.jar"):
             if _artifact(jar.name) in shipped:
                 jar.unlink()
-        shutil.rmtree(JARS, ignore_errors=True)
-        staging.rename(JARS)
+        shutil.rmtree(jars, ignore_errors=True)
+        staging.rename(jars)
         marker.write_text("ok\n")
-    return sorted(JARS.glob("*.jar"))
+    return sorted(jars.glob("*.jar"))
+
+
+def resolve() -> list[Path]:
+    """Returns the extra jars (delta-spark, spark-sql-kafka), resolving them the first time."""
+    return _resolve(POM, JARS, "delta-spark and spark-sql-kafka")
+
+
+def resolve_s3a() -> list[Path]:
+    """Returns the s3a jars (hadoop-aws and its AWS SDK v2 modules), resolving them the first time."""
+    return _resolve(S3A_POM, S3A_JARS, "hadoop-aws and the AWS SDK v2 modules it uses")
 
 
 if __name__ == "__main__":
-    jars = resolve()
-    print(f"spark-jars: {len(jars)} jars in {JARS}")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--s3a", action="store_true", help=f"the s3a jars ({S3A_POM.name}) instead")
+    args = parser.parse_args()
+    jars, where = (resolve_s3a(), S3A_JARS) if args.s3a else (resolve(), JARS)
+    print(f"spark-jars: {len(jars)} jars in {where}")
     sys.exit(0)
