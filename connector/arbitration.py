@@ -413,7 +413,10 @@ class DeltaArbitrationStore:
                     raise ArbitrationError(
                         f"link {record.link!r} epoch {record.epoch} is decided in {self.path} but its row is gone")
                 return Decision(existing, won=False)
+            # No delta-rs re-try of a lost commit (it would not check it against the winner's txn); the
+            # loop re-reads and decides (TargetTableStore.decide says what was seen without this).
             props = CommitProperties(
+                max_commit_retries=0,
                 app_transactions=[Transaction(app_id=record.link, version=record.epoch,
                                               last_updated=record.decided_at_ms)],
                 custom_metadata={"lastagent.link": record.link, "lastagent.epoch": str(record.epoch),

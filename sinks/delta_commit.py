@@ -282,7 +282,11 @@ class TargetTableStore:
         if staged.dead_letter_adds:
             # Part of the decision: a restart commits exactly these files to the dead-letter table.
             metadata["lastagent.dead_letter_adds"] = json.dumps(list(staged.dead_letter_adds))
-        props = CommitProperties(custom_metadata=metadata, app_transactions=[
+        # max_commit_retries=0: delta-rs would otherwise re-try a commit that lost its version to another
+        # writer at the next version, without checking it against what that writer committed: two first
+        # runs racing to create the table both "won" epoch 0, one commit each (seen on a local disk and
+        # on S3). Every lost race comes back here instead, and the loop below re-reads and decides.
+        props = CommitProperties(custom_metadata=metadata, max_commit_retries=0, app_transactions=[
             Transaction(app_id=record.link, version=record.epoch, last_updated=record.decided_at_ms)])
         adds = delta_files.add_actions(list(staged.adds))
         for _ in range(10):
@@ -383,7 +387,9 @@ class TargetTableStore:
 
         from lastagent.sinks.dead_letters import TABLE_SCHEMA
 
+        # No delta-rs re-try (see decide): a lost race re-reads the table's txn below.
         props = CommitProperties(custom_metadata={"lastagent.link": link, "lastagent.epoch": str(epoch)},
+                                 max_commit_retries=0,
                                  app_transactions=[Transaction(app_id=link, version=epoch,
                                                                last_updated=int(time.time() * 1000))])
         dead = self._dead_where

@@ -3,6 +3,8 @@
 The broker fixture reuses a broker that already answers on ``LASTAGENT_KAFKA_PORT`` (e.g. from
 ``make kafka-up``) or starts its own on a free port and stops it at the end of the session.
 
+``s3`` starts an S3-compatible server (s3proxy) only in sessions where some test asks for it.
+
 ``secured_kafka`` starts a second, secured broker (SASL_SSL, SCRAM-SHA-512, ACLs; see
 ``dev/kafka_broker.py``) only in sessions where some test asks for it, and stops it at the end.
 """
@@ -26,6 +28,7 @@ sys.path.insert(0, str(ROOT / "dev"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import kafka_broker  # noqa: E402  (dev/, stdlib only)
+import s3_server  # noqa: E402  (dev/, stdlib only)
 
 
 def _free_port_pair() -> int:
@@ -84,7 +87,10 @@ def new_topic(kafka_admin) -> Callable[..., str]:
 def spark():
     from lastagent.spark_session import local_session
 
-    session = local_session("lastagent-tests", extra_conf={"spark.sql.warehouse.dir": str(ROOT / ".cache" / "warehouse")})
+    # s3a's jars are on the class path of every session (loaded only when an s3a:// path is used), so
+    # that the object-store tests can read back with this session's Delta reader.
+    session = local_session("lastagent-tests", extra_conf={"spark.sql.warehouse.dir": str(ROOT / ".cache" / "warehouse"),
+                                                           "spark.jars": ",".join(str(j) for j in s3a_jars())})
     yield session
     session.stop()
 
@@ -243,3 +249,87 @@ def grant(secured_admin) -> Callable[..., None]:
             time.sleep(0.05)
 
     return grant_
+
+
+# --- the S3-compatible server ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class S3:
+    """A running S3-compatible server (s3proxy, ``dev/s3_server.py``) of this session, path-style over http.
+
+    ``data`` is the server's own directory of objects (one subdirectory per bucket), for tests that
+    grep everything written for secrets.
+    """
+
+    port: int
+    workdir: Path
+
+    @property
+    def endpoint(self) -> str:
+        return s3_server.endpoint(self.port)
+
+    @property
+    def data(self) -> Path:
+        return self.workdir / "data"
+
+    def bucket(self) -> str:
+        """A new, empty bucket of its own."""
+        name = f"t-{uuid.uuid4().hex[:12]}"
+        s3_server.create_buckets(self.workdir, [name])
+        return name
+
+    def options(self, **override: str) -> dict[str, str]:
+        """The ``storage.*`` options a user gives the sinks for this server."""
+        settings = {"aws_access_key_id": s3_server.ACCESS_KEY, "aws_secret_access_key": s3_server.SECRET_KEY,
+                    "aws_region": s3_server.REGION, "aws_endpoint_url": self.endpoint, "aws_allow_http": "true",
+                    **override}
+        return {f"storage.{k}": v for k, v in settings.items()}
+
+    def config(self, **override: str):
+        """The parsed :class:`~lastagent.storage.StorageConfig` of :meth:`options`."""
+        from lastagent.storage import StorageConfig
+
+        return StorageConfig.parse(self.options(**override))
+
+    def properties(self, path: Path) -> Path:
+        """A properties file of the storage settings (``LASTAGENT_STORAGE_CONFIG`` of the example drivers)."""
+        path.write_text("".join(f"{k[len('storage.'):]}={v}\n" for k, v in self.options().items()))
+        return path
+
+    def spark_conf(self) -> dict[str, str]:
+        """Spark settings of a driver that reads and writes ``s3a://`` on this server (jars included)."""
+        return {"spark.jars": ",".join(str(j) for j in s3a_jars()), **s3_server.s3a_hadoop_conf(self.port)}
+
+
+def s3a_jars() -> list[Path]:
+    """Hadoop's s3a filesystem and the AWS SDK modules it needs (``make setup``: dev/spark_jars.py --s3a)."""
+    import spark_jars
+
+    return sorted(spark_jars.S3A_JARS.glob("*.jar"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory, spark) -> Iterator[S3]:
+    """An S3-compatible server of this session's own on a free port; stopped (by pid) at the end.
+
+    The session's ``spark`` reads ``s3a://`` paths on it from here on (its Hadoop settings are set now;
+    the jars are on its class path from the start).
+    """
+    port = _free_port()
+    workdir = tmp_path_factory.mktemp("s3")
+    try:
+        s3_server.up(port, workdir)
+        server = S3(port, workdir)
+        hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+        for key, value in s3_server.s3a_hadoop_conf(port).items():
+            hadoop.set(key[len("spark.hadoop."):], value)
+        yield server
+    finally:
+        s3_server.down(port, workdir)

@@ -63,19 +63,28 @@ def test_spark_reads_the_arbitration_table(spark, tmp_path):
     assert len(history) == 5  # the empty table, the owner's claim, then one commit per decision
 
 
-def _target(tmp_path):
+SCHEMA = '{"type":"struct","fields":[{"name":"id","type":"long","nullable":true,"metadata":{}}]}'
+
+
+def _target(base: str, storage=None, **kw):
     from lastagent.sinks.delta_commit import TargetTableStore
 
-    schema = '{"type":"struct","fields":[{"name":"id","type":"long","nullable":true,"metadata":{}}]}'
-    return TargetTableStore(str(tmp_path / "target"), fallback_schema_json=schema)
+    return TargetTableStore(f"{base}/target", fallback_schema_json=kw.pop("schema", SCHEMA), storage=storage, **kw)
 
 
-@pytest.fixture(params=["delta", "memory", "target"])
+@pytest.fixture(params=["delta", "memory", "target", "delta-s3", "target-s3"])
 def any_store(request, tmp_path):
-    """Every implementation of the store port: arbitration table, memory, lastagent-delta target table."""
-    if request.param == "target":
-        return _target(tmp_path)
-    return DeltaArbitrationStore(str(tmp_path / "arb")) if request.param == "delta" else InMemoryArbitrationStore()
+    """Every implementation of the store port: arbitration table, memory, lastagent-delta target table; the
+    Delta ones on a local disk and on an S3-compatible server (s3a:// paths), where the decision's
+    put-if-absent is the server's conditional write."""
+    kind, _, place = request.param.partition("-")
+    if kind == "memory":
+        return InMemoryArbitrationStore()
+    base, storage = str(tmp_path), None
+    if place == "s3":
+        s3 = request.getfixturevalue("s3")
+        base, storage = f"s3a://{s3.bucket()}/tables", s3.config()
+    return _target(base, storage) if kind == "target" else DeltaArbitrationStore(f"{base}/arb", storage)
 
 
 def test_racing_deciders_exactly_one_wins_on_every_store(any_store):
@@ -126,3 +135,38 @@ def test_claim_racing_a_decision_leaves_no_decision_of_the_old_generation(tmp_pa
             assert decided_at == [] and store.get("orders", epoch) is None
         else:
             assert outcome["decide"].won and decided_at and decided_at[0] < claimed_at, history[:3]
+
+
+@pytest.mark.parametrize("place", ["local", "s3"])
+def test_first_runs_racing_to_create_the_target_table_make_one_decision(place, tmp_path, request):
+    """Two first runs (generation 0) of one link, a transformer's table that does not exist yet: each
+    decision would create the table. Exactly one creates it with its epoch; the other follows."""
+    from pyarrow import fs
+
+    from lastagent.sinks.delta_commit import StagedEpoch
+    from lastagent.storage import location
+
+    base, storage = str(tmp_path), None
+    if place == "s3":
+        s3 = request.getfixturevalue("s3")
+        base, storage = f"s3a://{s3.bucket()}/q", s3.config()
+    checkpoint = f"{base}/ckpt"
+    where = location(checkpoint, "checkpointLocation")
+    filesystem = (storage.filesystem(where) if storage else fs.LocalFileSystem())
+    filesystem.create_dir(where.path)
+    with filesystem.open_output_stream(f"{where.path}/metadata") as f:
+        f.write(b'{"id":"query-a"}\n')
+    for round_ in range(5):
+        stores = {n: _target(f"{base}/{round_}", storage, schema=None, checkpoint_location=checkpoint) for n in "xy"}
+        for store in stores.values():
+            assert store.claim("orders", "query-a").generation == 0
+        results = race(lambda n, stores=stores: stores[n].decide(_rec(0, n), 0, StagedEpoch((), SCHEMA, ())), ["x", "y"])
+        assert sorted(d.won for d in results.values()) == [False, True], results
+        winner = next(n for n, d in results.items() if d.won)
+        assert results["x"].record.branches == results["y"].record.branches == (winner,)
+        from deltalake import DeltaTable
+
+        table = stores["x"]._where
+        history = DeltaTable(table.uri, storage_options=(storage.delta_options(table) if storage else None)).history()
+        decided = [c for c in history if c.get("lastagent.epoch") == "0"]
+        assert len(decided) == 1, history
