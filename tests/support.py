@@ -88,21 +88,24 @@ def race(fn: Callable[[str], Any], names: Sequence[str]) -> dict[str, Any]:
 
 
 def run_driver(mode: str, args: list[str], crash_at: str | None, state: Path, timeout: float = 300,
-               master: str = "local[2]", conf: dict[str, str] | None = None, kafka_config: Path | None = None) -> int:
+               master: str = "local[2]", conf: dict[str, str] | None = None, kafka_config: Path | None = None,
+               storage_config: Path | None = None) -> int:
     """Runs ``python -m lastagent.examples <mode> <args>`` as a driver process; returns its exit code.
 
     With ``crash_at`` (``point`` or ``point:n``) the driver SIGKILLs its own process group (driver,
     JVM, Python workers) at that protocol point; ``state`` counts how often points were reached
     and ``<state>.fired`` names the point that fired. The driver leads a new session so the kill
     takes exactly its processes; its stderr goes to ``<state>.log``. ``conf`` adds Spark settings;
-    ``kafka_config`` is a properties file of Kafka client settings (a secured broker's).
+    ``kafka_config`` is a properties file of Kafka client settings (a secured broker's);
+    ``storage_config`` one of storage settings (an object store's), given to the sinks as ``storage.*``.
     """
     env = dict(os.environ, LASTAGENT_SPARK_MASTER=master,
                LASTAGENT_SPARK_CONF=";".join(f"{k}={v}" for k, v in (conf or {}).items()))
     env.pop("LASTAGENT_CRASH_AT", None)
-    env.pop("LASTAGENT_KAFKA_CONFIG", None)
-    if kafka_config is not None:
-        env["LASTAGENT_KAFKA_CONFIG"] = str(kafka_config)
+    for variable, path in (("LASTAGENT_KAFKA_CONFIG", kafka_config), ("LASTAGENT_STORAGE_CONFIG", storage_config)):
+        env.pop(variable, None)
+        if path is not None:
+            env[variable] = str(path)
     if crash_at:
         env["LASTAGENT_CRASH_AT"] = crash_at
         env["LASTAGENT_CRASH_STATE"] = str(state)
