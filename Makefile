@@ -124,6 +124,7 @@ bench: setup kafka-up
 	cd bench && ../$(PYTHON) source_bench.py | tee ../.cache/bench-source.json
 	cd bench && ../$(PYTHON) sink_bench.py | tee ../.cache/bench-sink.json
 	cd bench && ../$(PYTHON) delta_bench.py | tee ../.cache/bench-delta.json
+	cd bench && ../$(PYTHON) objectstore_bench.py | tee ../.cache/bench-objectstore.json
 
 docs: setup
 	$(PYTHON) -m lastagent.options_doc > docs/options.md
