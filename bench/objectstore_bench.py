@@ -17,50 +17,15 @@ from __future__ import annotations
 import json
 import os
 import socket
-import statistics
 import sys
-import tempfile
-import time
-import uuid
 from pathlib import Path
 
-from common import BOOTSTRAP, new_topic
+from common import BOOTSTRAP
 from kafka.admin import KafkaAdminClient
+from sink_bench import EPOCHS, WORK, commit_overhead
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "dev"))
 import s3_server  # noqa: E402  (dev/, stdlib only)
-
-from lastagent.committer import Committer  # noqa: E402
-from lastagent.kafka_xa import BranchWriter  # noqa: E402
-from lastagent.sinks.kafka_sink_options import KafkaSinkOptions  # noqa: E402
-
-EPOCHS = int(os.environ.get("BENCH_EPOCHS", "30"))
-WORK = tempfile.mkdtemp(prefix="lastagent-bench-s3-")
-
-
-def overhead(arbitration: str, storage: dict[str, str], branches: int, admin: KafkaAdminClient) -> dict[str, float]:
-    """p50/p95 ms of Committer.commit per epoch with the arbitration table at ``arbitration``."""
-    topic = new_topic(admin, 4)
-    link = f"bench-s3-{uuid.uuid4().hex[:6]}"
-    options = KafkaSinkOptions.parse({
-        "kafka.bootstrap.servers": BOOTSTRAP, "link": link, "checkpointLocation": WORK,
-        "arbitrationTable": f"{arbitration}/arb-{link}", "arbitrationCleanupEvery": "1000000", **storage,
-    })
-    times = []
-    with Committer(options) as committer:
-        generation = committer.start(owner="bench")[0].generation
-        for epoch in range(EPOCHS):
-            handles = []
-            for b in range(branches):
-                w = BranchWriter(options.client_config, options.transactional_id(generation, b, 0),
-                                 options.transaction_timeout_ms)
-                w.send(topic, b"v", key=str(b).encode())
-                handles.append(w.prepare())
-            start = time.perf_counter()
-            committer.commit(epoch, generation, handles)
-            times.append((time.perf_counter() - start) * 1000)
-    times.sort()
-    return {"p50_ms": round(statistics.median(times), 1), "p95_ms": round(times[int(len(times) * 0.95) - 1], 1)}
 
 
 def main() -> int:
@@ -75,8 +40,8 @@ def main() -> int:
         storage = {f"storage.{k}": v for k, v in s3_server.delta_storage_options(port).items()}
         places = {"local": (WORK, {}), "s3": (f"s3a://{bucket}/t", storage)}
         for where in places.values():
-            overhead(*where, 1, admin)  # warm-up: clients, delta-rs, the server's JVM
-        results = {f"{place}/{n}": overhead(*where, n, admin) for n in (1, 4) for place, where in places.items()}
+            commit_overhead(1, admin, *where)  # warm-up: clients, delta-rs, the server's JVM
+        results = {f"{place}/{n}": commit_overhead(n, admin, *where) for n in (1, 4) for place, where in places.items()}
     finally:
         admin.close()
         s3_server.down(port, workdir)

@@ -75,13 +75,18 @@ def raw_producer(topic: str, rows: int, value_size: int) -> float:
     return rows / (time.perf_counter() - start)
 
 
-def commit_overhead(branches: int, admin: KafkaAdminClient) -> dict[str, float]:
-    """p50/p95 ms of Committer.commit (decide + phase 2 + roll back others) per epoch."""
+def commit_overhead(branches: int, admin: KafkaAdminClient, arbitration: str = WORK,
+                    storage: dict[str, str] | None = None) -> dict[str, float]:
+    """p50/p95 ms of Committer.commit (decide + phase 2 + roll back others) per epoch.
+
+    The arbitration table goes below ``arbitration`` (a local directory, or an object store's URI with
+    its ``storage.*`` options).
+    """
     topic = new_topic(admin, 4)
     link = f"bench-ovh-{uuid.uuid4().hex[:6]}"
     options = KafkaSinkOptions.parse({
         "kafka.bootstrap.servers": BOOTSTRAP, "link": link, "checkpointLocation": WORK,
-        "arbitrationTable": os.path.join(WORK, f"arb-{link}"), "arbitrationCleanupEvery": "1000000",
+        "arbitrationTable": f"{arbitration}/arb-{link}", "arbitrationCleanupEvery": "1000000", **(storage or {}),
     })
     times = []
     with Committer(options) as committer:

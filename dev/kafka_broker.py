@@ -26,13 +26,13 @@ import argparse
 import base64
 import importlib.util
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
+
+import pidfile  # dev/, stdlib only
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("LASTAGENT_CACHE", ROOT / ".cache"))
@@ -186,37 +186,11 @@ def _java(main: str, *args: str, log4j: Path) -> list[str]:
 
 def answers(port: int, timeout: float = 0.5) -> bool:
     """True when something accepts TCP connections on 127.0.0.1:port."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie still answers kill(0); treat it as gone.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
+    return pidfile.port_taken(port, timeout)
 
 
 def _read_pid(workdir: Path) -> int | None:
-    pid_file = workdir / "broker.pid"
-    if not pid_file.exists():
-        return None
-    try:
-        pid = int(pid_file.read_text().strip())
-    except ValueError:
-        return None
-    return pid if _pid_alive(pid) else None
+    return pidfile.read_pid(workdir / "broker.pid")
 
 
 def _tls():
@@ -319,27 +293,12 @@ def up(port: int = DEFAULT_PORT, workdir: Path | None = None, wait_s: float = 12
 
 def down(port: int = DEFAULT_PORT, workdir: Path | None = None, wait_s: float = 30.0) -> None:
     """Stops the broker started in workdir, by its pid; does nothing if none runs."""
-    workdir = Path(workdir or CACHE / "kafka" / str(port))
-    pid = _read_pid(workdir)
-    if pid is not None:
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + wait_s
-        while _pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if _pid_alive(pid):
-            os.kill(pid, signal.SIGKILL)
-    (workdir / "broker.pid").unlink(missing_ok=True)
+    pidfile.stop(Path(workdir or CACHE / "kafka" / str(port)) / "broker.pid", wait_s)
 
 
 def kill(port: int = DEFAULT_PORT, workdir: Path | None = None) -> None:
     """SIGKILLs the broker (for crash tests); its log dir stays for a restart."""
-    workdir = Path(workdir or CACHE / "kafka" / str(port))
-    pid = _read_pid(workdir)
-    if pid is not None:
-        os.kill(pid, signal.SIGKILL)
-        while _pid_alive(pid):
-            time.sleep(0.05)
-    (workdir / "broker.pid").unlink(missing_ok=True)
+    pidfile.kill(Path(workdir or CACHE / "kafka" / str(port)) / "broker.pid")
 
 
 def main(argv: list[str] | None = None) -> int:

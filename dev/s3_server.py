@@ -28,13 +28,13 @@ import hmac
 import http.client
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from urllib.parse import quote
+
+import pidfile  # dev/, stdlib only
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("LASTAGENT_CACHE", ROOT / ".cache"))
@@ -136,38 +136,8 @@ def answers(port: int, timeout: float = 1.0) -> bool:
         conn.close()
 
 
-def _port_taken(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie still answers kill(0); treat it as gone.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
 def _read_pid(workdir: Path) -> int | None:
-    pid_file = workdir / "server.pid"
-    if not pid_file.exists():
-        return None
-    try:
-        pid = int(pid_file.read_text().strip())
-    except ValueError:
-        return None
-    return pid if _pid_alive(pid) else None
+    return pidfile.read_pid(workdir / "server.pid")
 
 
 def create_buckets(workdir: Path, buckets: list[str] | tuple[str, ...]) -> None:
@@ -202,7 +172,7 @@ def up(port: int = DEFAULT_PORT, workdir: Path | None = None, wait_s: float = 60
     create_buckets(workdir, buckets)
     if _read_pid(workdir) and answers(port):
         return endpoint(port)
-    if _port_taken(port):
+    if pidfile.port_taken(port):
         raise ServerError(
             f"port {port} on 127.0.0.1 is taken by a process this script did not start; "
             "stop it or choose another port with --port (LASTAGENT_S3_PORT)"
@@ -236,27 +206,12 @@ def up(port: int = DEFAULT_PORT, workdir: Path | None = None, wait_s: float = 60
 
 def down(port: int = DEFAULT_PORT, workdir: Path | None = None, wait_s: float = 30.0) -> None:
     """Stops the server started in workdir, by its pid; does nothing if none runs. The data stays."""
-    workdir = Path(workdir or CACHE / "s3" / str(port))
-    pid = _read_pid(workdir)
-    if pid is not None:
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + wait_s
-        while _pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if _pid_alive(pid):
-            os.kill(pid, signal.SIGKILL)
-    (workdir / "server.pid").unlink(missing_ok=True)
+    pidfile.stop(Path(workdir or CACHE / "s3" / str(port)) / "server.pid", wait_s)
 
 
 def kill(port: int = DEFAULT_PORT, workdir: Path | None = None) -> None:
     """SIGKILLs the server (for crash tests); its data stays for a restart."""
-    workdir = Path(workdir or CACHE / "s3" / str(port))
-    pid = _read_pid(workdir)
-    if pid is not None:
-        os.kill(pid, signal.SIGKILL)
-        while _pid_alive(pid):
-            time.sleep(0.05)
-    (workdir / "server.pid").unlink(missing_ok=True)
+    pidfile.kill(Path(workdir or CACHE / "s3" / str(port)) / "server.pid")
 
 
 def signed_request(method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,

@@ -120,3 +120,19 @@ def run_driver(mode: str, args: list[str], crash_at: str | None, state: Path, ti
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         raise
+
+
+def orders_topic(admin: Any, bootstrap: str, rows: int, poison: set[int]) -> str:
+    """A new topic of ``rows`` records over 2 partitions: ``order-1-<i>``, and ``poison-<i>`` for ``i`` in
+    ``poison`` (records the example transformer rejects); key ``<i>``."""
+    from confluent_kafka import Producer
+    from kafka.admin import NewTopic
+
+    topic = f"orders-{uuid.uuid4().hex[:8]}"
+    admin.create_topics([NewTopic(topic, 2, 1)])
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(rows):
+        value = f"poison-{i}" if i in poison else f"order-1-{i}"
+        producer.produce(topic, key=str(i).encode(), value=value.encode(), partition=i % 2)
+    assert producer.flush(30) == 0
+    return topic

@@ -19,7 +19,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
 import support
 from support import read_committed
 
@@ -36,16 +35,7 @@ PER_TRIGGER = "100"
 @pytest.fixture(scope="module")
 def orders(kafka_admin, kafka_bootstrap) -> str:
     """A topic of ROWS records over 2 partitions, POISON of them not orders."""
-    from kafka.admin import NewTopic
-
-    topic = f"orders-{uuid.uuid4().hex[:8]}"
-    kafka_admin.create_topics([NewTopic(topic, 2, 1)])
-    p = Producer({"bootstrap.servers": kafka_bootstrap})
-    for i in range(ROWS):
-        value = f"poison-{i}" if i in POISON else f"order-1-{i}"
-        p.produce(topic, key=str(i).encode(), value=value.encode(), partition=i % 2)
-    assert p.flush(30) == 0
-    return topic
+    return support.orders_topic(kafka_admin, kafka_bootstrap, ROWS, POISON)
 
 
 def run_driver(args: list[str], crash_at: str | None, state: Path, **kw) -> int:

@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 import s3_server
 import support
-from confluent_kafka import Producer
 from support import read_committed
 
 from lastagent.kafka_xa import KafkaXAResource
@@ -64,15 +63,8 @@ def assert_no_secret(s3, topics: list[str], bootstrap: str, logs: list[Path]) ->
 def test_kafka_to_delta_on_s3_killed_after_the_commit_and_in_recovery(spark, s3, kafka_admin, kafka_bootstrap,
                                                                        new_topic, tmp_path):
     from deltalake import DeltaTable
-    from kafka.admin import NewTopic
 
-    orders, side = f"orders-{uuid.uuid4().hex[:8]}", new_topic(partitions=2)
-    kafka_admin.create_topics([NewTopic(orders, 2, 1)])
-    producer = Producer({"bootstrap.servers": kafka_bootstrap})
-    for i in range(ROWS):
-        value = f"poison-{i}" if i in POISON else f"order-1-{i}"
-        producer.produce(orders, key=str(i).encode(), value=value.encode(), partition=i % 2)
-    assert producer.flush(30) == 0
+    orders, side = support.orders_topic(kafka_admin, kafka_bootstrap, ROWS, POISON), new_topic(partitions=2)
     bucket = s3.bucket()
     base = f"s3a://{bucket}/link"
     table, dead = f"{base}/orders", f"{base}/dead-letters"
