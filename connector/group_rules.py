@@ -1,0 +1,449 @@
+"""WS-Reliability's receiver rules for message groups, as pure rules: duplicate elimination, ordered
+delivery, group termination and state removal (t1-t5). Pure: no I/O; runs wherever the group's
+state is (a Spark stateful operator's task, a test).
+
+Events in, actions out, like :mod:`lastagent.protocol`. All the state of one group id is a
+:class:`GroupState` value. :func:`receive` takes a message and the time; :func:`advance` takes the
+time alone (a timer fired). Each returns the next state and the actions to carry out in order:
+
+* :class:`Deliver`: hand the message to the application (the sink).
+* :class:`Duplicate`: drop it; it was accepted before.
+* :class:`Refuse`: it goes to the dead letters, with the rule as the reason.
+* :class:`Hold`: an ordered group's message waits for the gap before it to fill.
+* :class:`Terminate`: the group ends; no more messages are expected for it.
+* :class:`Remove`: its state (status, sequence numbers) is gone.
+
+:func:`deadline` says when :func:`advance` next has something to do (a timer to register).
+
+The rules follow the OASIS WS-RM TC's agreed resolution of Rel 52/57/82 (``seeds/wsrm-group-termination.txt``):
+
+* Every message carries a group id. A *singleton* has no sequence number; its id is kept until
+  its ``ExpiryTime``, then removed. Group members carry a sequence number (from 0, the
+  ``start`` message) and may carry ``status`` ``start`` or ``end``.
+* The accepted sequence numbers of a group are kept as intervals, so a group of a million
+  messages costs a few integers.
+* The termination parameters are ``GroupExpiryTime`` or ``GroupMaxIdleDuration``, never both:
+  both is ``INVALID_GROUP_PARAMETER``. The values of the message with the highest sequence
+  number hold. A ``GroupExpiryTime`` below the ``max(ExpiryTime)`` of the group's messages is
+  refused (``INVALID_GROUP_PARAMETER``), and so is a message whose ``ExpiryTime`` is after its
+  group's ``GroupExpiryTime``.
+* Termination and removal of state are distinct events:
+
+  - **t1**: ``GroupExpiryTime`` is over. The group terminates and its state is removed at once.
+  - **t2**: ``GroupMaxIdleDuration`` passed since the last message. The group terminates; its
+    state stays until ``max(ExpiryTime)`` for duplicate checks.
+  - **t3.1**: the ``end`` message makes a group that has parameters complete. It terminates;
+    removal is by t1 (at ``GroupExpiryTime``) or t2 (at ``max(ExpiryTime)``).
+  - **t3.2**: the ``end`` message arrives with the group incomplete. Nothing terminates yet: t1 or
+    t2 still apply. If the gap fills later, the group terminates then, with the rule named
+    ``t3.2``.
+  - **t4.1**: ``end`` completes a group without parameters. It terminates; the state is removed
+    at ``max(ExpiryTime)``.
+  - **t4.2**: ``end`` arrives, the group without parameters is incomplete. It terminates when it
+    becomes complete (**t4.2a**) or when ``max(ExpiryTime)`` is reached (**t4.2b**); the state is
+    removed at ``max(ExpiryTime)``.
+  - **t5**: in an ordered group, a held message expires before delivery. The group terminates;
+    its held messages are refused (rule ``t5``). Removal is by t1 or t2 for a group with
+    parameters, at ``max(ExpiryTime)`` without.
+
+* After termination, a message of the same group id is a duplicate when its number was accepted
+  before. Otherwise it starts a new group when it is a ``start`` (number 0). Anything else is
+  refused as ``late`` while the old group's state is kept; once the state is removed, nothing is
+  known of the old group and the message starts a new one.
+* A message whose ``ExpiryTime`` has passed is never delivered: refused as ``expired``.
+
+Two choices go beyond the text, for a stream that must not keep state forever:
+
+* ``default_max_idle`` (:class:`Limits`): a group without parameters and without an ``end``
+  would never terminate. Given a value, such a group terminates after that idle time. The rule
+  is named ``t2-default``, and removal is as for t2.
+* Numbers after the ``end`` message's are refused as ``beyond-end``.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any, Union
+
+#: Rule names a Refuse, Terminate or Remove carries.
+RULES = ("t1", "t2", "t2-default", "t3.1", "t3.2", "t4.1", "t4.2a", "t4.2b", "t5", "INVALID_GROUP_PARAMETER",
+         "expired", "late", "beyond-end", "invalid-sequence-number", "singleton-expired")
+
+
+@dataclass(frozen=True)
+class Message:
+    """What the rules need of one message; ``ref`` is the caller's handle (a row index, an offset).
+
+    Attributes:
+        group: the group id.
+        seq: the sequence number (0 first), None for a singleton.
+        expiry: ``ExpiryTime``, in milliseconds since the epoch.
+        status: ``start``, ``end`` or None.
+        group_expiry: ``GroupExpiryTime`` (ms since the epoch), if given.
+        group_max_idle: ``GroupMaxIdleDuration`` (ms), if given.
+        ordered: deliver the group in sequence order.
+        ref: the caller's handle, returned in the actions.
+    """
+
+    group: str
+    seq: int | None
+    expiry: int
+    status: str | None = None
+    group_expiry: int | None = None
+    group_max_idle: int | None = None
+    ordered: bool = False
+    ref: Any = None
+
+
+@dataclass(frozen=True)
+class Deliver:
+    message: Message
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    message: Message
+
+
+@dataclass(frozen=True)
+class Refuse:
+    message: Message
+    rule: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Hold:
+    message: Message
+
+
+@dataclass(frozen=True)
+class Terminate:
+    group: str
+    generation: int
+    rule: str
+
+
+@dataclass(frozen=True)
+class Remove:
+    group: str
+    generation: int | None  # None: a singleton's id
+    rule: str
+
+
+Action = Union[Deliver, Duplicate, Refuse, Hold, Terminate, Remove]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Choices beyond the rules (module docstring). ``default_max_idle``: ms, None for never."""
+
+    default_max_idle: int | None = None
+
+
+#: The rules as the resolution states them, with no extra limit.
+NO_LIMITS = Limits()
+
+
+# -- intervals --------------------------------------------------------------------------------------
+
+Intervals = tuple[tuple[int, int], ...]
+
+
+def contains(intervals: Intervals, n: int) -> bool:
+    """True when ``n`` is in one of the closed, sorted, disjoint ``intervals``."""
+    lo, hi = 0, len(intervals)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        a, b = intervals[mid]
+        if n < a:
+            hi = mid
+        elif n > b:
+            lo = mid + 1
+        else:
+            return True
+    return False
+
+
+def add(intervals: Intervals, n: int) -> Intervals:
+    """``intervals`` with ``n`` added, adjacent intervals merged."""
+    if contains(intervals, n):
+        return intervals
+    out = list(intervals)
+    i = bisect.bisect_left(out, (n, n))  # the first interval that starts after n
+    left = i > 0 and out[i - 1][1] == n - 1
+    right = i < len(out) and out[i][0] == n + 1
+    if left and right:
+        out[i - 1:i + 1] = [(out[i - 1][0], out[i][1])]
+    elif left:
+        out[i - 1] = (out[i - 1][0], n)
+    elif right:
+        out[i] = (n, out[i][1])
+    else:
+        out.insert(i, (n, n))
+    return tuple(out)
+
+
+# -- state --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One group of a group id: from its first message to the removal of its state.
+
+    Attributes:
+        number: 1 for the id's first group, then counting up.
+        accepted: sequence numbers accepted (delivered or held), as intervals.
+        end: the ``end`` message's number, once received.
+        group_expiry, group_max_idle: the parameters that hold (from the highest number that had them).
+        params_seq: the number they came from (-1: none yet).
+        max_expiry: max ``ExpiryTime`` of the accepted messages.
+        last_seen: when the last message was accepted (ms).
+        ordered: deliver in order.
+        next_seq: ordered groups: the next number to deliver.
+        held: ordered groups: messages waiting for a gap to fill, by number.
+        terminated: the rule that terminated it, or None while active.
+        remove_at: when its state goes (set at termination).
+        end_rule: ``t3.2`` or ``t4.2`` once an ``end`` arrived with the group incomplete.
+    """
+
+    number: int
+    accepted: Intervals = ()
+    end: int | None = None
+    group_expiry: int | None = None
+    group_max_idle: int | None = None
+    params_seq: int = -1
+    max_expiry: int = 0
+    last_seen: int = 0
+    ordered: bool = False
+    next_seq: int = 0
+    held: tuple[Message, ...] = ()
+    terminated: str | None = None
+    remove_at: int | None = None
+    end_rule: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.end is not None and self.accepted == ((0, self.end),)
+
+    @property
+    def has_params(self) -> bool:
+        return self.group_expiry is not None or self.group_max_idle is not None
+
+
+@dataclass(frozen=True)
+class GroupState:
+    """Everything kept for one group id: its active group, terminated ones kept for duplicate checks,
+    and a singleton's id. Empty (:attr:`empty`) when nothing is kept: the caller may drop it."""
+
+    group: str
+    active: Generation | None = None
+    retired: tuple[Generation, ...] = ()
+    singleton_until: int | None = None
+    generations: int = 0
+
+    @property
+    def empty(self) -> bool:
+        return self.active is None and not self.retired and self.singleton_until is None
+
+    def size(self) -> int:
+        """Integers kept: what the state costs, whatever the number of messages."""
+        gens = [g for g in (self.active, *self.retired) if g is not None]
+        return 1 + sum(2 * len(g.accepted) + 8 + len(g.held) for g in gens) + (self.singleton_until is not None)
+
+
+@dataclass
+class _Out:
+    actions: list[Action] = field(default_factory=list)
+
+
+def _refuse(m: Message, rule: str, reason: str) -> Refuse:
+    return Refuse(m, rule, reason)
+
+
+def _check_params(m: Message, g: Generation | None) -> Refuse | None:
+    """The parameter rules for an accepted-to-be message (a, b, c, d of the resolution)."""
+    if m.group_expiry is not None and m.group_max_idle is not None:
+        return _refuse(m, "INVALID_GROUP_PARAMETER", "GroupExpiryTime and GroupMaxIdleDuration are both present")
+    if m.group_max_idle is not None and m.group_max_idle <= 0:
+        return _refuse(m, "INVALID_GROUP_PARAMETER", f"GroupMaxIdleDuration {m.group_max_idle} is not positive")
+    if g is None:
+        if m.group_expiry is not None and m.expiry > m.group_expiry:
+            return _refuse(m, "INVALID_GROUP_PARAMETER", "ExpiryTime is after GroupExpiryTime")
+        return None
+    if m.group_expiry is not None and g.group_max_idle is not None or \
+            m.group_max_idle is not None and g.group_expiry is not None:
+        return _refuse(m, "INVALID_GROUP_PARAMETER", "the group's termination parameter cannot change kind")
+    takes = (m.group_expiry is not None or m.group_max_idle is not None) and m.seq is not None and \
+        m.seq > g.params_seq
+    expiry = m.group_expiry if takes and m.group_expiry is not None else g.group_expiry
+    if expiry is not None and expiry < max(g.max_expiry, m.expiry):
+        return _refuse(m, "INVALID_GROUP_PARAMETER",
+                       f"GroupExpiryTime {expiry} is below max(ExpiryTime) {max(g.max_expiry, m.expiry)} of the group")
+    return None
+
+
+def receive(state: GroupState, m: Message, now: int, limits: Limits = NO_LIMITS) -> tuple[GroupState, list[Action]]:
+    """One message arrives at ``now`` (ms). Returns the next state and the actions, in order.
+
+    Timers first: what was due before ``now`` happens before the message is looked at.
+    """
+    state, actions = advance(state, now, limits)
+    if m.seq is None:
+        if state.singleton_until is not None:
+            return state, [*actions, Duplicate(m)]
+        if m.expiry <= now:
+            return state, [*actions, _refuse(m, "expired", f"ExpiryTime {m.expiry} passed before it arrived")]
+        return replace(state, singleton_until=m.expiry), [*actions, Deliver(m)]
+    if m.seq < 0:
+        return state, [*actions, _refuse(m, "invalid-sequence-number", f"sequence number {m.seq} is negative")]
+    for g in (*state.retired, state.active):
+        if g is not None and contains(g.accepted, m.seq):
+            return state, [*actions, Duplicate(m)]
+    if m.expiry <= now:
+        return state, [*actions, _refuse(m, "expired", f"ExpiryTime {m.expiry} passed before it arrived")]
+    g = state.active
+    if g is None:
+        if state.retired and m.seq != 0:
+            last = state.retired[-1]
+            return state, [*actions, _refuse(m, "late", f"group {m.group!r} was terminated ({last.terminated}) "
+                                                        "and this is not the start of a new one")]
+        bad = _check_params(m, None)
+        if bad is not None:
+            return state, [*actions, bad]
+        g = Generation(state.generations + 1, ordered=m.ordered)
+        state = replace(state, generations=state.generations + 1)
+    else:
+        bad = _check_params(m, g)
+        if bad is not None:
+            return state, [*actions, bad]
+    if g.end is not None and m.seq > g.end:
+        return state, [*actions, _refuse(m, "beyond-end", f"sequence number {m.seq} is after the end, {g.end}")]
+    if m.status == "end" and g.end is not None and m.seq != g.end:
+        return state, [*actions, _refuse(m, "beyond-end", f"a second end ({m.seq}); the end is {g.end}")]
+    if (m.group_expiry is not None or m.group_max_idle is not None) and m.seq > g.params_seq:
+        g = replace(g, group_expiry=m.group_expiry, group_max_idle=m.group_max_idle, params_seq=m.seq)
+    g = replace(g, accepted=add(g.accepted, m.seq), max_expiry=max(g.max_expiry, m.expiry), last_seen=now,
+                end=m.seq if m.status == "end" else g.end)
+    if not g.ordered:
+        actions.append(Deliver(m))
+    elif m.seq != g.next_seq:
+        g = replace(g, held=tuple(sorted((*g.held, m), key=lambda h: h.seq or 0)))
+        actions.append(Hold(m))
+    else:
+        actions.append(Deliver(m))
+        nxt, held = m.seq + 1, list(g.held)
+        while held and held[0].seq == nxt:
+            actions.append(Deliver(held.pop(0)))
+            nxt += 1
+        g = replace(g, next_seq=nxt, held=tuple(held))
+    if g.complete:
+        rule = ("t3.1" if m.status == "end" else "t3.2") if g.has_params else \
+            ("t4.1" if m.status == "end" else "t4.2a")
+        return _terminate(replace(state, active=g), g, rule, now, actions)
+    if m.status == "end":
+        g = replace(g, end_rule="t3.2" if g.has_params else "t4.2")
+    return replace(state, active=g), actions
+
+
+def _removal_time(g: Generation, rule: str, now: int) -> int:
+    if rule == "t1":
+        return now
+    if g.group_expiry is not None:
+        return g.group_expiry  # t1's removal, for t3.1/t3.2/t5 of a group with GroupExpiryTime
+    return g.max_expiry  # t2, t4 and t5 without parameters: kept until max(ExpiryTime)
+
+
+def _terminate(state: GroupState, g: Generation, rule: str, now: int,
+               actions: list[Action]) -> tuple[GroupState, list[Action]]:
+    actions.append(Terminate(state.group, g.number, rule))
+    if g.held:
+        actions.extend(_refuse(h, rule, f"held for order, and group {state.group!r} terminated ({rule})")
+                       for h in g.held)
+    done = replace(g, held=(), terminated=rule, remove_at=_removal_time(g, rule, now))
+    state = replace(state, active=None, retired=(*state.retired, done))
+    return _remove_due(state, now, actions)
+
+
+def _remove_due(state: GroupState, now: int, actions: list[Action]) -> tuple[GroupState, list[Action]]:
+    kept = []
+    for g in state.retired:
+        if g.remove_at is not None and g.remove_at <= now:
+            actions.append(Remove(state.group, g.number, g.terminated or ""))
+        else:
+            kept.append(g)
+    state = replace(state, retired=tuple(kept))
+    if state.singleton_until is not None and state.singleton_until <= now:
+        actions.append(Remove(state.group, None, "singleton-expired"))
+        state = replace(state, singleton_until=None)
+    return state, actions
+
+
+def _due_rule(g: Generation, now: int, limits: Limits) -> str | None:
+    """The rule that terminates the active group at ``now``, if any (t1 first)."""
+    if g.group_expiry is not None and now >= g.group_expiry:
+        return "t1"
+    if any(h.expiry <= now for h in g.held):
+        return "t5"
+    if g.group_max_idle is not None and now >= g.last_seen + g.group_max_idle:
+        return "t2"
+    if not g.has_params and g.end is not None and now >= g.max_expiry:
+        return "t4.2b"
+    if not g.has_params and g.end is None and limits.default_max_idle is not None and \
+            now >= g.last_seen + limits.default_max_idle:
+        return "t2-default"
+    return None
+
+
+def advance(state: GroupState, now: int, limits: Limits = NO_LIMITS) -> tuple[GroupState, list[Action]]:
+    """The time is ``now`` (a timer fired, or a message arrives): terminations and removals that are due."""
+    actions: list[Action] = []
+    g = state.active
+    if g is not None:
+        rule = _due_rule(g, now, limits)
+        if rule is not None:
+            return _terminate(state, g, rule, now, actions)
+    return _remove_due(state, now, actions)
+
+
+def deadline(state: GroupState, limits: Limits = NO_LIMITS) -> int | None:
+    """The next time :func:`advance` has something to do, or None (nothing kept, or only messages can change it)."""
+    times: list[int] = [g.remove_at for g in state.retired if g.remove_at is not None]
+    if state.singleton_until is not None:
+        times.append(state.singleton_until)
+    g = state.active
+    if g is not None:
+        if g.group_expiry is not None:
+            times.append(g.group_expiry)
+        times.extend(h.expiry for h in g.held)
+        if g.group_max_idle is not None:
+            times.append(g.last_seen + g.group_max_idle)
+        if not g.has_params and g.end is not None:
+            times.append(g.max_expiry)
+        if not g.has_params and g.end is None and limits.default_max_idle is not None:
+            times.append(g.last_seen + limits.default_max_idle)
+    return min(times) if times else None
+
+
+def run(messages: Iterable[tuple[int, Message]], group: str, limits: Limits = NO_LIMITS,
+        until: int | None = None) -> tuple[GroupState, list[Action]]:
+    """Feeds ``(time, message)`` pairs of one group id in order, then advances to ``until``. For tests and docs."""
+    state, out = GroupState(group), []
+    for now, m in messages:
+        state, actions = receive(state, m, now, limits)
+        out.extend(actions)
+    if until is not None:
+        # Every deadline must change something: one that does not would be a timer firing forever.
+        for _ in range(10_000):
+            due = deadline(state, limits)
+            if due is None or due > until:
+                break
+            state, actions = advance(state, due, limits)
+            if not actions:
+                raise RuntimeError(f"group {group!r}: the deadline {due} changed nothing")
+            out.extend(actions)
+        state, actions = advance(state, until, limits)
+        out.extend(actions)
+    return state, out
