@@ -48,8 +48,6 @@ def parse_file_name(name: str) -> tuple[str, int, int, int, int] | None:
     return m["link"], int(m["generation"]), int(m["epoch"]), int(m["partition"]), int(m["attempt"])
 
 
-
-
 def delta_arrow_schema(schema: pa.Schema) -> pa.Schema:
     """The schema a batch is stored with: Delta's timestamps are microseconds, UTC-adjusted."""
     fields = []
