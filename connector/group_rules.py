@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Union
 
 #: Rule names a Refuse, Terminate or Remove carries.
@@ -252,11 +252,6 @@ class GroupState:
         """Integers kept: what the state costs, whatever the number of messages."""
         gens = [g for g in (self.active, *self.retired) if g is not None]
         return 1 + sum(2 * len(g.accepted) + 8 + len(g.held) for g in gens) + (self.singleton_until is not None)
-
-
-@dataclass
-class _Out:
-    actions: list[Action] = field(default_factory=list)
 
 
 def _refuse(m: Message, rule: str, reason: str) -> Refuse:

@@ -40,8 +40,6 @@ PREFIX = "storage."
 #: URI scheme → store kind. Hadoop names S3 ``s3a`` (and, long ago, ``s3n``); the objects are the same.
 SCHEMES = {"s3": "s3", "s3a": "s3", "s3n": "s3", "gs": "gs", "gcs": "gs", "abfss": "azure", "abfs": "azure",
            "az": "azure", "azure": "azure", "file": "local"}
-#: Kinds whose whole route (pyarrow, delta-rs, Spark) the tests run against a real server.
-TESTED = ("local", "s3")
 
 #: The documented settings (docs/options.md is generated from this table). Any other ``storage.*`` name is
 #: passed to delta-rs as it is (object_store's names); the ones below are also translated for pyarrow.

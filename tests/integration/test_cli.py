@@ -96,3 +96,11 @@ def test_status_of_a_table_that_is_not_there_fails(kafka_bootstrap, tmp_path):
         assert result.returncode == 2, result.stdout
         assert f"{flag} {missing}: no Delta table there" in result.stderr
         assert not (tmp_path / "nowhere").exists()
+
+
+def test_storage_settings_reach_the_command(kafka_bootstrap):
+    """``--storage KEY=VALUE`` is the query's ``storage.*``: a bad one is refused naming it, before any I/O."""
+    out = lastagent("status", "--link", "orders", "--table", "s3a://lake/orders", "--bootstrap-servers",
+                    kafka_bootstrap, "--storage", "aws_endpoint_url=127.0.0.1:9000")
+    assert out.returncode == 2, out
+    assert "option 'storage.aws_endpoint_url': '127.0.0.1:9000' is not a URL" in out.stderr, out.stderr
