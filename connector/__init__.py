@@ -8,7 +8,7 @@ from typing import Any
 
 from lastagent.errors import DataLossError, KafkaProtocolError, LastAgentError, OptionError
 
-__all__ = ["DataLossError", "KafkaProtocolError", "LastAgentError", "OptionError", "register"]
+__all__ = ["DataLossError", "KafkaProtocolError", "LastAgentError", "OptionError", "register", "reliable_groups"]
 
 
 def register(spark: Any) -> None:
@@ -30,4 +30,12 @@ def register(spark: Any) -> None:
 
     spark.dataSource.register(KafkaDataSource)
     spark.dataSource.register(DeltaDataSource)
+
+
+def reliable_groups(df: Any, **kwargs: Any) -> Any:
+    """Duplicate elimination and ordered delivery by WS-Reliability's group rules: see
+    :func:`lastagent.reliable.reliable_groups` for the arguments. Driver side."""
+    from lastagent.reliable import reliable_groups as step
+
+    return step(df, **kwargs)
 __version__ = "0.1.0"

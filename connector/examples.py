@@ -7,6 +7,8 @@
 ``python -m lastagent.examples links-driver BOOTSTRAP BASE LINK DELTA_SOURCE ORDERS SINK_TOPIC COPY_TOPIC
 DEAD_LETTERS SIDE [PER_TRIGGER]`` runs the three links as three queries of one application. The
 demo kills and restarts them; the crash tests run them with a crash hook installed.
+``python -m lastagent.examples groups-driver BOOTSTRAP TOPIC TABLE CHECKPOINT LINK DEAD_LETTER_TABLE STOP_FILE
+METRICS_FILE`` runs Kafka → reliable groups → ``lastagent-delta`` until ``STOP_FILE`` exists.
 ``LASTAGENT_SPARK_MASTER`` and ``LASTAGENT_SPARK_CONF`` (``key=value;key=value``) shape the session;
 ``LASTAGENT_KAFKA_CONFIG`` names a properties file of Kafka client settings (a secured cluster's
 ``security.protocol``, ``sasl.jaas.config``, stores) given to every Kafka reader and writer as ``kafka.*``;
@@ -170,6 +172,77 @@ def links_driver(bootstrap: str, base: str, link: str, delta_source: str, orders
     )
 
 
+def reliable_kafka_to_delta(spark: Any, bootstrap: str, topic: str, table: str, checkpoint: str, link: str,
+                           dead_letter_table: str, per_trigger: str = "40", trigger: str = "1 second") -> Any:
+    """Kafka → :func:`lastagent.reliable_groups` → ``lastagent-delta``, running until stopped; the started query.
+
+    Each new message once (ordered groups in order), refusals in the dead-letter table with their rule.
+    The step's counts are the query's observed metrics ``lastagent_reliable_groups``.
+    """
+    from lastagent import reliable_groups
+
+    # transformWithState keeps its state in RocksDB; a SQL setting, fixed for the checkpoint at its first run.
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass",
+                   "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+    rows = (
+        spark.readStream.format("lastagent-kafka")
+        .options(**_kafka_options())
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("includeHeaders", "true")
+        .option("maxOffsetsPerTrigger", per_trigger)
+        .load()
+        .selectExpr("CAST(key AS STRING) AS key", "value", "headers", "topic", "partition", "offset", "timestamp")
+    )
+    return (
+        reliable_groups(rows).writeStream.format("lastagent-delta")
+        .options(**_storage_options())
+        .option("link", link)
+        .option("checkpointLocation", checkpoint)
+        .option("deadLetterTable", dead_letter_table)
+        .trigger(processingTime=trigger)
+        .start(table)
+    )
+
+
+def groups_driver(bootstrap: str, topic: str, table: str, checkpoint: str, link: str, dead_letter_table: str,
+                  stop_file: str, metrics_file: str) -> int:
+    """:func:`reliable_kafka_to_delta` as a driver program that runs until ``stop_file`` exists, appending
+    each batch's observed metrics to ``metrics_file`` (a JSON line per progress report)."""
+    import json
+    import time
+
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    class Metrics(StreamingQueryListener):
+        def onQueryStarted(self, event: Any) -> None:  # noqa: N802
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:  # noqa: N802
+            p = event.progress
+            metrics = {k: v.asDict() for k, v in (p.observedMetrics or {}).items()}
+            with open(metrics_file, "a") as f:
+                f.write(json.dumps({"batchId": p.batchId, "metrics": metrics}) + "\n")
+
+        def onQueryIdle(self, event: Any) -> None:  # noqa: N802
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
+            pass
+
+    spark = _session("lastagent-groups-driver")
+    spark.streams.addListener(Metrics())
+    query = reliable_kafka_to_delta(spark, bootstrap, topic, table, checkpoint, link, dead_letter_table)
+    while not os.path.exists(stop_file):
+        if query.awaitTermination(1):
+            break  # it failed: awaitTermination raised, or it ended
+        time.sleep(0.1)
+    query.stop()
+    spark.stop()
+    return 0
+
+
 def enrich(batch: pa.RecordBatch) -> pa.RecordBatch:
     """An example transformer (executors): ``order-<t>-<i>`` values get an amount; others are poison.
 
@@ -191,7 +264,8 @@ def enrich(batch: pa.RecordBatch) -> pa.RecordBatch:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="lastagent example pipelines")
     pipelines: dict[str, Callable[..., int]] = {"sink-driver": sink_driver, "kafka-driver": kafka_driver,
-                                                "delta-driver": delta_driver, "links-driver": links_driver}
+                                                "delta-driver": delta_driver, "links-driver": links_driver,
+                                                "groups-driver": groups_driver}
     parser.add_argument("pipeline", choices=sorted(pipelines))
     parser.add_argument("args", nargs="*")
     args = parser.parse_args(argv)

@@ -63,13 +63,14 @@ Two choices go beyond the text, for a stream that must not keep state forever:
 from __future__ import annotations
 
 import bisect
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Union
 
 #: Rule names a Refuse, Terminate or Remove carries.
 RULES = ("t1", "t2", "t2-default", "t3.1", "t3.2", "t4.1", "t4.2a", "t4.2b", "t5", "INVALID_GROUP_PARAMETER",
-         "expired", "late", "beyond-end", "invalid-sequence-number", "singleton-expired")
+         "expired", "late", "beyond-end", "invalid-sequence-number", "singleton-expired", "invalid-message")
 
 
 @dataclass(frozen=True)
@@ -442,3 +443,44 @@ def run(messages: Iterable[tuple[int, Message]], group: str, limits: Limits = NO
         state, actions = advance(state, until, limits)
         out.extend(actions)
     return state, out
+
+
+# -- encoding ----------------------------------------------------------------------------------
+# A group's state as compact JSON, for a state store. Held messages keep their fields but not
+# ``ref``: their payloads are the caller's to keep (by sequence number).
+
+
+def _message_fields(m: Message) -> list[Any]:
+    return [m.seq, m.expiry, m.status, m.group_expiry, m.group_max_idle, int(m.ordered)]
+
+
+def _generation_fields(g: Generation) -> list[Any]:
+    return [g.number, [list(i) for i in g.accepted], g.end, g.group_expiry, g.group_max_idle, g.params_seq,
+            g.max_expiry, g.last_seen, int(g.ordered), g.next_seq, [_message_fields(h) for h in g.held],
+            g.terminated, g.remove_at, g.end_rule]
+
+
+def _generation(group: str, f: list[Any]) -> Generation:
+    held = tuple(Message(group, h[0], h[1], h[2], h[3], h[4], bool(h[5])) for h in f[10])
+    return Generation(f[0], tuple((a, b) for a, b in f[1]), f[2], f[3], f[4], f[5], f[6], f[7], bool(f[8]), f[9],
+                      held, f[11], f[12], f[13])
+
+
+def encode(state: GroupState) -> bytes:
+    """``state`` as compact JSON bytes (without the group id, which is the state's key)."""
+    return json.dumps([1, None if state.active is None else _generation_fields(state.active),
+                       [_generation_fields(g) for g in state.retired], state.singleton_until, state.generations],
+                      separators=(",", ":")).encode()
+
+
+def decode(group: str, data: bytes) -> GroupState:
+    """The state :func:`encode` wrote for ``group``.
+
+    Raises:
+        ValueError: ``data`` is not an encoded state of a version this code knows.
+    """
+    f = json.loads(data)
+    if not isinstance(f, list) or len(f) != 5 or f[0] != 1:
+        raise ValueError(f"group {group!r}: the stored state is not version 1 of lastagent's group state")
+    return GroupState(group, None if f[1] is None else _generation(group, f[1]),
+                      tuple(_generation(group, g) for g in f[2]), f[3], f[4])

@@ -28,6 +28,7 @@ from pyspark.sql.types import StructType
 
 from lastagent import faults, protocol
 from lastagent.kafka_xa import BranchHandle, BranchWriter
+from lastagent.reliable import split_refused, strip_refusal_columns
 from lastagent.sinks import dead_letters, transformer
 from lastagent.sinks.delta_commit import StagedEpoch, TargetTableStore, schema_diff, schema_error
 from lastagent.sinks.delta_files import FileWriter, delta_arrow_schema
@@ -173,7 +174,8 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
 
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.options = DeltaSinkOptions.parse(options)
-        self.query_schema_json = schema.json()
+        # The refusal columns of lastagent.reliable_groups go to the dead letters, never to the table.
+        self.query_schema_json = strip_refusal_columns(schema.json())
         self.table_schema_json: str | None = None
         # An existing table's partition columns win; the option only shapes a table we create.
         self.partition_by: tuple[str, ...] = self.options.partition_by
@@ -254,6 +256,9 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
         try:
             for batch in iterator:
                 batch = dead_letters.filter_headers(batch, opts.keep_headers, opts.drop_headers)
+                batch, refused = split_refused(batch)
+                for row, rule, reason in refused:
+                    outputs.dead_letter(row, rule, reason)
                 out = [batch]
                 if fn is not None:
                     out, failed = transformer.apply(fn, batch)

@@ -16,6 +16,7 @@ from typing import Any
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, StructType
 
 from lastagent.errors import OptionError
+from lastagent.reliable import REFUSED_REASON, REFUSED_RULE
 
 #: (key, value, topic, partition, headers) for one Kafka record.
 Record = tuple[bytes | None, bytes | None, str, int | None, list[tuple[str, bytes | None]] | None]
@@ -52,6 +53,13 @@ def check_schema(schema: StructType, topic_option: str | None) -> SinkColumns:
         SchemaError: naming the column, its type, and the types that would be right.
     """
     names = {f.name.lower(): f for f in schema.fields}
+    if REFUSED_RULE in names:
+        raise SchemaError(
+            f"column '{REFUSED_RULE}' marks messages that lastagent.reliable_groups refused, and lastagent-kafka "
+            "has no dead-letter path for them; write the step's output with lastagent-delta (deadLetterTopic / "
+            f"deadLetterTable), or split it: .where('{REFUSED_RULE} IS NULL').drop('{REFUSED_RULE}', "
+            f"'{REFUSED_REASON}') to this sink, and the refused rows to a sink of your choice"
+        )
     unknown = sorted(set(names) - set(_ALLOWED) - {"headers"})
     if unknown:
         raise SchemaError(

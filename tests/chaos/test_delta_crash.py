@@ -50,9 +50,9 @@ def run_driver(args: list[str], crash_at: str | None, state: Path, **kw) -> int:
 SCHEDULE = ["before_files:1", "after_files:2", "after_arbitration:1", "in_recovery:1", "between_branch_commits:1",
             "after_phase2:1", "before_dead_letter_table:1"]
 #: Within make test's budget: the points where a decided epoch is left for recovery, and recovery
-#: itself; ``make test-chaos-full`` runs the whole schedule.
-SHORT_SCHEDULE = ["after_files:2", "after_arbitration:1", "in_recovery:1", "between_branch_commits:1",
-                  "before_dead_letter_table:1"]
+#: itself; ``make test-chaos-full`` runs the whole schedule (an undecided epoch's files, after_files, are
+#: also removed in tests/integration/test_delta_sink.py's orphan-files test).
+SHORT_SCHEDULE = ["after_arbitration:1", "in_recovery:1", "between_branch_commits:1", "before_dead_letter_table:1"]
 
 
 @pytest.mark.parametrize("session", support.sessions(default="daemon-off"))

@@ -40,13 +40,17 @@ def run_driver(args: list[str], crash_at: str | None, state: Path, **kw) -> int:
     return support.run_driver("sink-driver", args, crash_at, state, **kw)
 
 
-#: Every point in make test-chaos-full; the default run leaves out after_arbitration, which the cluster tier
-#: and the secured-link tests also kill drivers at (within make test's budget).
+#: Every point in make test-chaos-full. Within make test's 40 minutes (measured 40.8 idle on a fresh clone
+#: with all five, 2026-11-24), the default run keeps one kill before the decision (after_prepare: rolled back)
+#: and one after it (in_recovery, which first kills after_arbitration, then inside the recovery that follows).
+#: The others run elsewhere in make test: after_arbitration in the secured-link tests, the recovery's
+#: between_branch_commits in the lastagent-delta history and on S3 (the same Committer). after_phase2 leaves
+#: an epoch complete on both sides, which the restart only skips; it runs in the soak and in test-chaos-full.
 POINTS = ["after_prepare:2", "after_arbitration:2", "between_branch_commits:2", "after_phase2:2", "in_recovery:1"]
+DEFAULT_POINTS = ["after_prepare:2", "in_recovery:1"]
 
 
-@pytest.mark.parametrize("point, session", support.sessions_for(
-    POINTS if support.FULL else [p for p in POINTS if p != "after_arbitration:2"]))
+@pytest.mark.parametrize("point, session", support.sessions_for(POINTS if support.FULL else DEFAULT_POINTS))
 def test_crash_and_restart_is_exactly_once(point, session, kafka_bootstrap, new_topic, source_table, tmp_path):
     """Each point in a session with Spark's Python daemon on (the default) or off (Windows, some managed
     runtimes); ``make test-chaos-full`` runs every point in both."""
@@ -77,6 +81,8 @@ def assert_exactly_once(bootstrap: str, topic: str, link: str) -> None:
         assert xa.recover(f"lastagent-{link}-") == []
 
 
+@pytest.mark.skipif(not support.FULL, reason="make test-chaos-full: make test kills a task mid-write in the "
+                                              "lastagent-delta crash tests (the same retry of a task attempt)")
 def test_task_killed_mid_write_is_retried_exactly_once(kafka_bootstrap, new_topic, source_table, tmp_path):
     """A task attempt's Python worker is SIGKILLed after writing part of its branch; Spark
     retries the task (new attempt, new branch id); the dead attempt's open branch is rolled back."""

@@ -20,7 +20,8 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.p
 def test_a_cold_first_run_on_an_empty_topic_explains_itself(notebook, spark, kafka_bootstrap, tmp_path):
     """First run on a new broker topic: no error; the notebook says there is nothing yet and why."""
     topic = f"nb-{uuid.uuid4().hex[:8]}"
-    out = run(notebook, spark, {"bootstrap": kafka_bootstrap, "base": str(tmp_path), "topic": topic})
+    out = run(notebook, spark, {"bootstrap": kafka_bootstrap, "base": str(tmp_path), "topic": topic,
+                                "send_examples": "false"})
     assert "Traceback" not in out and "Error" not in out, out
 
 
@@ -47,3 +48,22 @@ def test_kafka_to_delta_notebook_after_records(spark, kafka_bootstrap, tmp_path)
     keys = Counter(r.key for r in spark.read.format("delta").load(f"{tmp_path}/tables/{topic}").collect())
     assert keys == Counter(str(i) for i in range(20) if i != 7)
     assert [k for k, _ in read_committed(kafka_bootstrap, f"{topic}-dead-letters", 1)] == [b"7"]
+
+
+def test_reliable_groups_notebook_drops_a_producers_retries(spark, kafka_bootstrap, tmp_path):
+    """First run: each message once, ordered group in order, a refusal in the dead letters. Second run (the
+    producer sends everything again): only duplicates, nothing new in the table."""
+    notebook = next(p for p in NOTEBOOKS if p.stem == "reliable_groups")
+    topic = f"nb-{uuid.uuid4().hex[:8]}"
+    widgets = {"bootstrap": kafka_bootstrap, "base": str(tmp_path), "topic": topic}
+    first = run(notebook, spark, widgets)
+    assert f"sent 13 messages to {topic}" in first
+    assert "this run: 9 delivered, 3 duplicates dropped, 1 refused, 2 groups terminated" in first, first
+    table = f"{tmp_path}/tables/{topic}-once"
+    values = Counter(r.value for r in spark.read.format("delta").load(table).collect())
+    assert values == Counter([f"order-A/{i}" for i in range(4)] + [f"order-B/{i}" for i in range(4)] + ["receipt-7/-"])
+    refused = spark.read.format("delta").load(f"{tmp_path}/tables/{topic}-refused").collect()
+    assert [(bytes(r.value), r.reason) for r in refused] == [(b"order-C/0", "INVALID_GROUP_PARAMETER")]
+    again = run(notebook, spark, widgets)
+    assert "this run: 0 delivered, 12 duplicates dropped, 1 refused, 0 groups terminated" in again, again
+    assert spark.read.format("delta").load(table).count() == 9

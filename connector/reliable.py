@@ -1,0 +1,512 @@
+"""Reliable-messaging groups as a Spark step: duplicate elimination and ordered delivery across
+at-least-once producers, by the WS-Reliability group rules of :mod:`lastagent.group_rules`.
+
+:func:`reliable_groups` runs on the driver and returns a DataFrame; the rules run on the
+executors in a ``transformWithState`` operator, one state entry per group id in Spark's state
+store (RocksDB), so the groups' state is part of the query's checkpoint and replays with the
+epochs the lastagent sinks commit. The rules' clock is the time of the micro-batch (Spark keeps it
+in its offset log: a replayed batch sees the same clock and makes the same decisions); timers fire
+on an event-time watermark that follows it, so time moves with micro-batches that carry rows,
+and a query with ``availableNow`` ends (a processing-time timer would run empty batches forever).
+
+Each message carries the WS-Reliability fields, from Kafka headers named as in the
+specification (``GroupId``, ``SequenceNumber``, ...) or from columns. The output has the input's
+columns plus two: ``_lastagent_refused_rule`` and ``_lastagent_refused_reason``, null for a
+delivered message. ``lastagent-delta`` sends the refused ones to its dead letters with the rule as
+the reason; ``lastagent-kafka`` has no dead-letter path and refuses such a query at start.
+Duplicates are dropped; every batch's counts (delivered, duplicate, refused, terminated,
+removed) are the query's observed metrics, under the step's ``name``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import pickle
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from lastagent import group_rules
+from lastagent.errors import LastAgentError, OptionError
+
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+
+#: The WS-Reliability fields a message carries, in the names of the specification; the default
+#: Kafka header of each has the same name.
+FIELDS = ("GroupId", "SequenceNumber", "Status", "ExpiryTime", "GroupExpiryTime", "GroupMaxIdleDuration",
+          "Ordered")
+
+#: The output columns a sink reads: the rule that refused a message and why (null: delivered).
+REFUSED_RULE = "_lastagent_refused_rule"
+REFUSED_REASON = "_lastagent_refused_reason"
+_OUTCOME = "_lastagent_outcome"
+_KEY = "_lastagent_group"
+_NOW = "_lastagent_now"  # the micro-batch's time, ms
+_CLOCK = "_lastagent_clock"  # the same, a day later, as the watermark's event time
+_PREFIX = "_lastagent_"
+#: Outcomes, counted in the observed metrics; the step's output keeps the first two.
+OUTCOMES = ("delivered", "refused", "duplicate", "terminated", "removed")
+
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+_PROVIDER = "spark.sql.streaming.stateStore.providerClass"
+
+_UNITS_MS = {"ms": 1, "millisecond": 1, "milliseconds": 1, "s": 1000, "second": 1000, "seconds": 1000,
+             "m": 60_000, "min": 60_000, "minute": 60_000, "minutes": 60_000, "h": 3_600_000, "hour": 3_600_000,
+             "hours": 3_600_000, "d": 86_400_000, "day": 86_400_000, "days": 86_400_000}
+_XSD_DURATION = re.compile(r"^P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+(?:\.\d+)?)S)?)?$")
+
+
+# -- values, pure ---------------------------------------------------------------------------------
+
+
+def parse_duration(value: Any, what: str) -> int:
+    """Milliseconds of a duration: an integer (ms), ``"<n> <unit>"`` (ms, seconds, minutes, hours,
+    days) or an xsd:duration of days and times (``PT30S``, ``P1DT2H``).
+
+    Raises:
+        ValueError: naming ``what`` and the forms accepted.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{what}: {value!r} is not a duration")
+    if isinstance(value, int):
+        ms = value
+    else:
+        text = str(value).strip()
+        m = re.fullmatch(r"(\d+)\s*([a-zA-Z]*)", text)
+        x = _XSD_DURATION.match(text)
+        if m and (m.group(2) == "" or m.group(2).lower() in _UNITS_MS):
+            ms = int(m.group(1)) * _UNITS_MS.get(m.group(2).lower(), 1)
+        elif x and text != "P" and not text.endswith("T"):
+            d, h, mi, s = x.groups()
+            ms = (int(d or 0) * 86_400_000 + int(h or 0) * 3_600_000 + int(mi or 0) * 60_000
+                  + round(float(s or 0) * 1000))
+        else:
+            raise ValueError(f"{what}: {text!r} is not a duration; give milliseconds (30000), '<n> <unit>' "
+                             "('30 seconds', '10 minutes') or an xsd:duration without years or months ('PT30S')")
+    if ms <= 0:
+        raise ValueError(f"{what}: {value!r} is not a positive duration")
+    return ms
+
+
+def parse_time(text: str, what: str) -> int:
+    """Milliseconds since the epoch of a point in time: an integer (ms) or an ISO-8601 / xsd:dateTime
+    with its zone (``2026-11-24T10:00:00Z``).
+
+    Raises:
+        ValueError: naming ``what``; a time without a zone is refused (it would depend on the executor's).
+    """
+    text = text.strip()
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)
+    try:
+        t = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{what}: {text!r} is not a time; give milliseconds since the epoch or an ISO-8601 "
+                         "date-time with its zone, e.g. 2026-11-24T10:00:00Z") from None
+    if t.tzinfo is None:
+        raise ValueError(f"{what}: {text!r} has no zone; add one (Z or +01:00)")
+    return int(t.timestamp() * 1000)
+
+
+def message(fields: Mapping[str, str | None], now: int, default_expiry: int | None,
+            base_time: int | None, ordered: bool | None, ref: Any) -> group_rules.Message:
+    """The rules' message from the text of its WS-Reliability fields. Executor side.
+
+    ``default_expiry`` (ms after ``base_time``, the record's timestamp, or ``now``) stands in for a
+    missing ``ExpiryTime``; ``ordered`` overrides the ``Ordered`` field when not None.
+
+    Raises:
+        ValueError: a field is missing or malformed, naming it and its value.
+    """
+    group = fields.get("GroupId")
+    if not group:
+        raise ValueError("GroupId is missing")
+    seq_text = fields.get("SequenceNumber")
+    seq = None
+    if seq_text is not None:
+        if not re.fullmatch(r"\d+", seq_text.strip()):
+            raise ValueError(f"SequenceNumber {seq_text!r} is not a whole number >= 0")
+        seq = int(seq_text)
+    status = fields.get("Status")
+    if status is not None:
+        status = status.strip().lower()
+        if status not in ("start", "end"):
+            raise ValueError(f"Status {fields['Status']!r} is neither start nor end")
+        if seq is None:
+            raise ValueError(f"Status {status} needs a SequenceNumber")
+    expiry_text = fields.get("ExpiryTime")
+    if expiry_text is not None:
+        expiry = parse_time(expiry_text, "ExpiryTime")
+    elif default_expiry is not None:
+        expiry = (now if base_time is None else base_time) + default_expiry
+    else:
+        raise ValueError("ExpiryTime is missing (or give the step a default_expiry)")
+    group_expiry = fields.get("GroupExpiryTime")
+    max_idle = fields.get("GroupMaxIdleDuration")
+    order_text = fields.get("Ordered")
+    if ordered is None:
+        if order_text is not None and order_text.strip().lower() not in ("true", "false"):
+            raise ValueError(f"Ordered {order_text!r} is neither true nor false")
+        ordered = order_text is not None and order_text.strip().lower() == "true"
+    return group_rules.Message(
+        group, seq, expiry, status,
+        None if group_expiry is None else parse_time(group_expiry, "GroupExpiryTime"),
+        None if max_idle is None else parse_duration(max_idle.strip(), "GroupMaxIdleDuration"),
+        ordered, ref)
+
+
+# -- the step's settings, checked on the driver ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The step's arguments, checked once on the driver; pickled to the executors with the processor.
+
+    Attributes:
+        sources: per field, ``("header", name)`` or ``("column", name)``.
+        headers_column: the column of Kafka headers (``array<struct<key:string,value:binary>>``).
+        ordered: None: each group's ``Ordered`` field decides; True/False: every group.
+        default_expiry: ms; an ``ExpiryTime`` for messages without one (None: they are refused).
+        default_max_idle: ms; the ``t2-default`` limit for groups no rule would end (None: none).
+        name: the observed metrics' name.
+    """
+
+    sources: tuple[tuple[str, str, str], ...]
+    headers_column: str
+    ordered: bool | None
+    default_expiry: int | None
+    default_max_idle: int | None
+    name: str
+
+    @classmethod
+    def parse(cls, *, headers: Mapping[str, str] | None, columns: Mapping[str, str] | None, headers_column: str,
+              ordered: bool | None, default_expiry: Any, default_max_idle: Any, name: str) -> Settings:
+        """Checks the arguments of :func:`reliable_groups`.
+
+        Raises:
+            OptionError: naming the argument and what would be right.
+        """
+        headers, columns = dict(headers or {}), dict(columns or {})
+        for arg, given in (("headers", headers), ("columns", columns)):
+            bad = sorted(set(given) - set(FIELDS))
+            if bad:
+                raise OptionError(arg, f"{bad} are not WS-Reliability fields; the fields are {', '.join(FIELDS)}")
+            empty = sorted(k for k, v in given.items() if not isinstance(v, str) or not v)
+            if empty:
+                raise OptionError(arg, f"the names for {empty} must be non-empty strings")
+        both = sorted(set(headers) & set(columns))
+        if both:
+            raise OptionError("columns", f"{both} are given both as a header and as a column; give each once")
+        if ordered is not None and not isinstance(ordered, bool):
+            raise OptionError("ordered", f"{ordered!r} is not True, False or None")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name or ""):
+            raise OptionError("name", f"{name!r} is not a name for observed metrics (letters, digits, _)")
+        durations = {}
+        for arg, value in (("default_expiry", default_expiry), ("default_max_idle", default_max_idle)):
+            try:
+                durations[arg] = None if value is None else parse_duration(value, arg)
+            except ValueError as exc:
+                raise OptionError(arg, str(exc)) from None
+        sources = tuple((f, "column", columns[f]) if f in columns else (f, "header", headers.get(f, f)) for f in FIELDS)
+        return cls(sources, headers_column, ordered, durations["default_expiry"], durations["default_max_idle"], name)
+
+
+# -- the Spark step (driver) ------------------------------------------------------------------------
+
+
+def reliable_groups(df: DataFrame, *, headers: Mapping[str, str] | None = None,
+                    columns: Mapping[str, str] | None = None, headers_column: str = "headers",
+                    ordered: bool | None = None, default_expiry: Any = None, default_max_idle: Any = None,
+                    name: str = "lastagent_reliable_groups") -> DataFrame:
+    """Each new message of ``df`` once, ordered groups in order; refusals marked for the dead letters.
+
+    Driver side: builds the plan. The rules run on the executors, with their state in the query's
+    state store (the session must use RocksDB, ``spark.sql.streaming.stateStore.providerClass``).
+
+    Args:
+        df: a DataFrame (usually a stream from ``lastagent-kafka`` or ``kafka`` with
+            ``includeHeaders=true``).
+        headers: Kafka header names for fields whose header is not named as the field, e.g.
+            ``{"GroupId": "x-group"}``.
+        columns: fields taken from a column instead of a header, e.g. ``{"GroupId": "order_id"}``.
+            Times may be timestamp or integer (ms) columns.
+        headers_column: the column that holds the Kafka headers.
+        ordered: True or False for every group; None (default): each group's ``Ordered`` field.
+        default_expiry: ``ExpiryTime`` for a message without one, as a duration after its Kafka
+            ``timestamp`` (or the batch's time): ms, ``"10 minutes"`` or ``"PT10M"``. None: such a
+            message is refused (``invalid-message``).
+        default_max_idle: a group with neither termination parameter nor ``end`` terminates after
+            this idle time (rule ``t2-default``). None: it waits for its ``end``.
+        name: the name of the observed metrics (``query.lastProgress.observedMetrics[name]``).
+
+    Returns:
+        ``df``'s columns (nullable) plus ``_lastagent_refused_rule`` and ``_lastagent_refused_reason``.
+
+    Raises:
+        OptionError: an argument is wrong, or a field's column or the headers column is missing.
+        LastAgentError: the session's state store is not RocksDB, or pyspark is older than 4.1.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BinaryType, IntegralType, StringType, StructField, StructType, TimestampType
+
+    settings = Settings.parse(headers=headers, columns=columns, headers_column=headers_column, ordered=ordered,
+                              default_expiry=default_expiry, default_max_idle=default_max_idle, name=name)
+    if not hasattr(df.groupBy(), "transformWithState"):
+        raise LastAgentError("lastagent.reliable_groups needs pyspark 4.1 or newer (transformWithState)")
+    provider = df.sparkSession.conf.get(_PROVIDER, None)
+    if provider != ROCKSDB:
+        raise LastAgentError(
+            f"lastagent.reliable_groups keeps its state with transformWithState, which needs the RocksDB state "
+            f"store; this session has {_PROVIDER}={provider or '(unset: HDFS-backed)'}. Set it to {ROCKSDB} "
+            "before the query starts (it cannot change for an existing checkpoint).")
+    reserved = [c for c in df.columns if c.startswith(_PREFIX)]
+    if reserved:
+        raise OptionError("df", f"column(s) {reserved} start with {_PREFIX}, which lastagent.reliable_groups "
+                                "reserves for its own; rename them")
+    types = {f.name: f.dataType for f in df.schema.fields}
+    extracted = []
+    for field, kind, source in settings.sources:
+        if kind == "header":
+            if settings.headers_column not in types:
+                raise OptionError("headers_column", f"field {field} comes from header {source!r}, and the input has "
+                                                    f"no column {settings.headers_column!r}; read Kafka with option "
+                                                    "includeHeaders=true, or take the field from a column "
+                                                    f"(columns={{'{field}': ...}})")
+            col = _last_header(settings.headers_column, source)
+        else:
+            if source not in types:
+                raise OptionError("columns", f"field {field} comes from column {source!r}, which the input does not "
+                                             f"have (columns: {', '.join(df.columns)})")
+            t = types[source]
+            if isinstance(t, TimestampType):
+                col = F.unix_millis(F.col(source)).cast("string")
+            elif isinstance(t, (StringType, BinaryType, IntegralType)) or t.typeName() == "boolean":
+                col = F.col(source).cast("string")
+            else:
+                raise OptionError("columns", f"column {source!r} for field {field} is {t.simpleString()}; give a "
+                                             "string, binary, integer, boolean or timestamp column")
+        extracted.append(col.alias(_PREFIX + field))
+    marked = [f.name for f in df.schema.fields if "spark.watermarkDelayMs" in (f.metadata or {})]
+    if marked:
+        raise OptionError("df", f"the input has a watermark on {marked}; lastagent.reliable_groups keeps its own "
+                                "clock (the micro-batch time) and Spark would take the earliest of the two "
+                                "watermarks, holding back every group's time rules. Apply withWatermark after "
+                                "the step")
+    # The rules' clock: the micro-batch's time (Spark keeps it in the offset log, so a replay sees it again),
+    # as an event-time column whose watermark fires the timers. Shifted by a day with a day's delay, the
+    # watermark is the previous batch's time and no row is ever late, even if the wall clock steps back.
+    keyed = (df.select("*", *extracted)
+             .withColumn(_KEY, F.coalesce(F.col(_PREFIX + "GroupId"), F.lit("")))
+             .withColumn(_NOW, F.unix_millis(F.current_timestamp()))
+             .withColumn(_CLOCK, F.current_timestamp() + F.expr("INTERVAL 1 DAY"))
+             .withWatermark(_CLOCK, "1 day"))
+    payload = [StructField(f.name, f.dataType, True) for f in df.schema.fields]
+    extra = [StructField(c, StringType(), True) for c in (REFUSED_RULE, REFUSED_REASON, _OUTCOME)]
+    out = keyed.groupBy(_KEY).transformWithState(
+        _GroupProcessor(settings, tuple(df.columns), "timestamp" in types and isinstance(types["timestamp"],
+                                                                                          TimestampType)),
+        StructType(payload + extra), "Append", "EventTime")
+    counts = [F.count_if(F.col(_OUTCOME) == F.lit(o)).alias(o) for o in OUTCOMES]
+    return (out.observe(settings.name, *counts)
+            .where(F.col(_OUTCOME).isin("delivered", "refused")).drop(_OUTCOME))
+
+
+def _last_header(headers_column: str, name: str) -> Any:
+    """The text of the last header called ``name`` (null when there is none): a Kafka record may repeat a header."""
+    from pyspark.sql import functions as F
+
+    named = F.filter(F.col(headers_column), lambda h: h["key"] == F.lit(name))
+    return F.try_element_at(named, F.lit(-1))["value"].cast("string")
+
+
+# -- the processor (executor) ------------------------------------------------------------------------
+
+
+def _group_of(key: Any) -> str:
+    """The group id of Spark's grouping key (a tuple of the one grouping column)."""
+    return str(key[0] if isinstance(key, (tuple, list)) else key)
+
+
+class _GroupProcessor(StatefulProcessor):
+    """The rules of one group id per call, state in Spark's state store. Executor side.
+
+    State per group id: ``group`` (the encoded :class:`~lastagent.group_rules.GroupState`) and
+    ``held`` (an ordered group's held messages' rows, by sequence number). One event-time
+    timer (on the watermark that follows the micro-batches' time), at the group's next deadline.
+    """
+
+    def __init__(self, settings: Settings, payload: tuple[str, ...], has_timestamp: bool) -> None:
+        self.settings, self.payload, self.has_timestamp = settings, payload, has_timestamp
+        self.limits = group_rules.Limits(settings.default_max_idle)
+
+    def init(self, handle: Any) -> None:
+        self.handle = handle
+        self.state = handle.getValueState("group", "state binary")
+        self.held = handle.getMapState("held", "seq long", "row binary")
+
+    # -- rows
+
+    def _row(self, values: tuple[Any, ...] | None, outcome: str, rule: str | None = None,
+             reason: str | None = None) -> Any:
+        from pyspark.sql import Row
+
+        cells = dict(zip(self.payload, values if values is not None else (None,) * len(self.payload)))
+        return Row(**cells, **{REFUSED_RULE: rule, REFUSED_REASON: reason, _OUTCOME: outcome})
+
+    def _parse(self, row: Any, now: int, ref: int) -> group_rules.Message:
+        fields = {f: row[_PREFIX + f] for f in FIELDS}
+        base = None
+        if self.has_timestamp and row["timestamp"] is not None:
+            base = int(row["timestamp"].timestamp() * 1000)
+        return message(fields, now, self.settings.default_expiry, base, self.settings.ordered, ref)
+
+    # -- state
+
+    def _load(self, group: str) -> group_rules.GroupState:
+        stored = self.state.get()
+        return group_rules.GroupState(group) if stored is None else group_rules.decode(group, bytes(stored[0]))
+
+    def _store(self, before: group_rules.GroupState, state: group_rules.GroupState, timer: int | None) -> None:
+        """Writes ``state`` and moves the group's one timer from ``timer`` (None: none is registered) to
+        the next deadline. Each state-store call is a round trip to the JVM: only changes are written."""
+        if state.empty:
+            if not before.empty:
+                self.state.clear()
+                self.held.clear()
+        elif state != before:
+            self.state.update((group_rules.encode(state),))
+        due = group_rules.deadline(state, self.limits)
+        if due != timer:
+            if timer is not None:
+                self.handle.deleteTimer(timer)
+            if due is not None:
+                self.handle.registerTimer(due)
+
+    def _emit(self, actions: list[group_rules.Action], rows: list[tuple[Any, ...]],
+              pending: dict[int, tuple[Any, ...]]) -> Iterator[Any]:
+        """Output rows for the rules' actions. A message is a row of this call (``ref`` its index) or a
+        held one from an earlier batch (its row in ``held``, by sequence number)."""
+        def values(m: group_rules.Message) -> tuple[Any, ...]:
+            if isinstance(m.ref, int):  # a row of this call; if it was held here, it is held no more
+                if m.seq is not None:
+                    pending.pop(m.seq, None)
+                return rows[m.ref]
+            if m.seq is not None and m.seq in pending:
+                return pending.pop(m.seq)
+            stored = self.held.getValue((m.seq,))
+            if stored is None:
+                raise LastAgentError(f"group {m.group!r}: held message {m.seq} has no stored row; the state store "
+                                     "is inconsistent with the group's state")
+            self.held.removeKey((m.seq,))
+            return pickle.loads(bytes(stored[0]))
+
+        for a in actions:
+            if isinstance(a, group_rules.Deliver):
+                yield self._row(values(a.message), "delivered")
+            elif isinstance(a, group_rules.Refuse):
+                yield self._row(values(a.message), "refused", a.rule, a.reason)
+            elif isinstance(a, group_rules.Hold):
+                assert isinstance(a.message.ref, int) and a.message.seq is not None
+                pending[a.message.seq] = rows[a.message.ref]
+            elif isinstance(a, group_rules.Duplicate):
+                yield self._row(None, "duplicate")
+            elif isinstance(a, group_rules.Terminate):
+                yield self._row(None, "terminated", a.rule)
+            else:
+                yield self._row(None, "removed", a.rule)
+
+    def _keep_held(self, pending: dict[int, tuple[Any, ...]]) -> None:
+        for seq, values in pending.items():
+            self.held.updateValue((seq,), (pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL),))
+
+    # -- Spark's calls
+
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:  # noqa: N802, N803
+        """One batch's messages of one group id, in a deterministic order: by sequence number, then by
+        Kafka partition and offset when the input has them (a replay decides as the first run did)."""
+        group = _group_of(key)
+        batch = list(rows)
+        now = batch[0][_NOW]  # the same in every row: the micro-batch's time
+        parsed: list[tuple[tuple[Any, ...], group_rules.Message | str]] = []
+        for i, row in enumerate(batch):
+            values = tuple(row[c] for c in self.payload)
+            try:
+                parsed.append((values, self._parse(row, now, i)))
+            except ValueError as exc:
+                parsed.append((values, str(exc)))
+        order = [c for c in ("partition", "offset") if c in self.payload]
+
+        def rank(item: tuple[tuple[Any, ...], group_rules.Message | str]) -> tuple[Any, ...]:
+            values, m = item
+            seq = m.seq if isinstance(m, group_rules.Message) and m.seq is not None else -1
+            return (seq, *(values[self.payload.index(c)] or 0 for c in order))
+
+        parsed.sort(key=rank)
+        rows_now = [values for values, _ in parsed]
+        state = before = self._load(group)
+        pending: dict[int, tuple[Any, ...]] = {}
+        out = []
+        for i, (values, m) in enumerate(parsed):
+            if isinstance(m, str):
+                out.append(self._row(values, "refused", "invalid-message", m))
+                continue
+            m = group_rules.Message(m.group, m.seq, m.expiry, m.status, m.group_expiry, m.group_max_idle,
+                                    m.ordered, i)
+            state, actions = group_rules.receive(state, m, now, self.limits)
+            out.extend(self._emit(actions, rows_now, pending))
+        self._keep_held(pending)
+        # The registered timer is the deadline of the state as stored (both written only by _store).
+        self._store(before, state, group_rules.deadline(before, self.limits))
+        return iter(out)
+
+    def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[Any]:  # noqa: N802, N803
+        """The group's deadline passed: terminations, refusals of expired held messages, removals."""
+        before = self._load(_group_of(key))
+        # The watermark: the time of the last micro-batch that carried rows.
+        state, actions = group_rules.advance(before, timerValues.getCurrentWatermarkInMs(), self.limits)
+        out = list(self._emit(actions, [], {}))
+        self._store(before, state, None)  # Spark removed the timer that fired
+        return iter(out)
+
+    def close(self) -> None:
+        pass
+
+
+# -- for the sinks (executor) ------------------------------------------------------------------------
+
+
+def split_refused(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, list[tuple[dict[str, Any], str, str]]]:
+    """A batch without the refusal columns, and its refused rows with their rule and reason.
+
+    A batch without the columns comes back as it is. Executor side (the sinks' tasks).
+    """
+    import pyarrow.compute as pc
+
+    names = batch.schema.names
+    if REFUSED_RULE not in names:
+        return batch, []
+    rule = batch.column(names.index(REFUSED_RULE))
+    keep = [i for i, n in enumerate(names) if n not in (REFUSED_RULE, REFUSED_REASON)]
+    base = batch.select(keep)
+    refused_mask = pc.is_valid(rule)
+    if not pc.any(refused_mask).as_py():
+        return base, []
+    reasons = (batch.column(names.index(REFUSED_REASON)).to_pylist() if REFUSED_REASON in names
+               else [None] * batch.num_rows)
+    refused = [(row, r, reasons[i] or r) for i, (row, r) in
+               enumerate(zip(base.to_pylist(), rule.to_pylist())) if r is not None]
+    return base.filter(pc.invert(refused_mask)), refused
+
+
+def strip_refusal_columns(schema_json: str) -> str:
+    """A Spark schema's JSON without the refusal columns (the sink's table never has them). Driver."""
+    import json
+
+    schema = json.loads(schema_json)
+    schema["fields"] = [f for f in schema["fields"] if f["name"] not in (REFUSED_RULE, REFUSED_REASON)]
+    return json.dumps(schema)
