@@ -116,7 +116,8 @@ def main() -> int:
         spark.sparkContext.setLogLevel("ERROR")
         steps = {
             "reliable_groups": lambda df: reliable_groups(df.drop("event_time"), columns={
-                "GroupId": "GroupId", "SequenceNumber": "SequenceNumber", "ExpiryTime": "ExpiryTime"}, ordered=False),
+                "GroupId": "GroupId", "SequenceNumber": "SequenceNumber", "ExpiryTime": "ExpiryTime"},
+                headers_column=None, ordered=False),
             "dropDuplicatesWithinWatermark": lambda df: df.withWatermark("event_time", WATERMARK)
             .dropDuplicatesWithinWatermark(["GroupId", "SequenceNumber"]),
         }

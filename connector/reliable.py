@@ -169,7 +169,8 @@ class Settings:
 
     Attributes:
         sources: per field, ``("header", name)`` or ``("column", name)``.
-        headers_column: the column of Kafka headers (``array<struct<key:string,value:binary>>``).
+        headers_column: the column of Kafka headers (``array<struct<key:string,value:binary>>``); None: no
+            headers, the fields not given as columns are absent.
         ordered: None: each group's ``Ordered`` field decides; True/False: every group.
         default_expiry: ms; an ``ExpiryTime`` for messages without one (None: they are refused).
         default_max_idle: ms; the ``t2-default`` limit for groups no rule would end (None: none).
@@ -177,14 +178,15 @@ class Settings:
     """
 
     sources: tuple[tuple[str, str, str], ...]
-    headers_column: str
+    headers_column: str | None
     ordered: bool | None
     default_expiry: int | None
     default_max_idle: int | None
     name: str
 
     @classmethod
-    def parse(cls, *, headers: Mapping[str, str] | None, columns: Mapping[str, str] | None, headers_column: str,
+    def parse(cls, *, headers: Mapping[str, str] | None, columns: Mapping[str, str] | None,
+              headers_column: str | None,
               ordered: bool | None, default_expiry: Any, default_max_idle: Any, name: str) -> Settings:
         """Checks the arguments of :func:`reliable_groups`.
 
@@ -212,7 +214,15 @@ class Settings:
                 durations[arg] = None if value is None else parse_duration(value, arg)
             except ValueError as exc:
                 raise OptionError(arg, str(exc)) from None
-        sources = tuple((f, "column", columns[f]) if f in columns else (f, "header", headers.get(f, f)) for f in FIELDS)
+        if headers_column is None:
+            if headers:
+                raise OptionError("headers", "header names are given, and headers_column is None (no headers)")
+            if "GroupId" not in columns:
+                raise OptionError("columns", "with headers_column=None, GroupId must come from a column, e.g. "
+                                             "columns={'GroupId': 'order_id', 'SequenceNumber': 'step'}")
+        sources = tuple((f, "column", columns[f]) if f in columns else
+                        (f, "absent", "") if headers_column is None else (f, "header", headers.get(f, f))
+                        for f in FIELDS)
         return cls(sources, headers_column, ordered, durations["default_expiry"], durations["default_max_idle"], name)
 
 
@@ -220,7 +230,7 @@ class Settings:
 
 
 def reliable_groups(df: DataFrame, *, headers: Mapping[str, str] | None = None,
-                    columns: Mapping[str, str] | None = None, headers_column: str = "headers",
+                    columns: Mapping[str, str] | None = None, headers_column: str | None = "headers",
                     ordered: bool | None = None, default_expiry: Any = None, default_max_idle: Any = None,
                     name: str = "lastagent_reliable_groups") -> DataFrame:
     """Each new message of ``df`` once, ordered groups in order; refusals marked for the dead letters.
@@ -235,7 +245,8 @@ def reliable_groups(df: DataFrame, *, headers: Mapping[str, str] | None = None,
             ``{"GroupId": "x-group"}``.
         columns: fields taken from a column instead of a header, e.g. ``{"GroupId": "order_id"}``.
             Times may be timestamp or integer (ms) columns.
-        headers_column: the column that holds the Kafka headers.
+        headers_column: the column that holds the Kafka headers; None when every field is a column
+            (fields given neither way are then absent: no ``SequenceNumber`` makes every message a singleton).
         ordered: True or False for every group; None (default): each group's ``Ordered`` field.
         default_expiry: ``ExpiryTime`` for a message without one, as a duration after its Kafka
             ``timestamp`` (or the batch's time): ms, ``"10 minutes"`` or ``"PT10M"``. None: such a
@@ -271,12 +282,16 @@ def reliable_groups(df: DataFrame, *, headers: Mapping[str, str] | None = None,
     types = {f.name: f.dataType for f in df.schema.fields}
     extracted = []
     for field, kind, source in settings.sources:
-        if kind == "header":
+        if kind == "absent":
+            col = F.lit(None).cast("string")
+        elif kind == "header":
+            assert settings.headers_column is not None
             if settings.headers_column not in types:
                 raise OptionError("headers_column", f"field {field} comes from header {source!r}, and the input has "
                                                     f"no column {settings.headers_column!r}; read Kafka with option "
-                                                    "includeHeaders=true, or take the field from a column "
-                                                    f"(columns={{'{field}': ...}})")
+                                                    "includeHeaders=true, take the field from a column "
+                                                    f"(columns={{'{field}': ...}}), or pass headers_column=None "
+                                                    "when every field present is a column")
             col = _last_header(settings.headers_column, source)
         else:
             if source not in types:

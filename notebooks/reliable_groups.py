@@ -93,8 +93,8 @@ if SEND:
 # MAGIC ## The query
 # MAGIC
 # MAGIC The step keeps its state in Spark's state store, which must be RocksDB. `availableNow` reads what
-# MAGIC the topic holds and stops; a long-running query uses a `processingTime` trigger, so that the time
-# MAGIC rules (idle and expiry) fire between messages.
+# MAGIC the topic holds and stops. The time rules (idle, expiry) run on the micro-batches' time, which moves
+# MAGIC as messages arrive.
 
 # COMMAND ----------
 

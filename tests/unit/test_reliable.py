@@ -81,6 +81,11 @@ def settings(**kw):
     return Settings.parse(**args)
 
 
+def test_without_headers_the_fields_not_given_as_columns_are_absent():
+    s = settings(headers_column=None, columns={"GroupId": "g", "SequenceNumber": "n"})
+    assert s.sources[:3] == (("GroupId", "column", "g"), ("SequenceNumber", "column", "n"), ("Status", "absent", ""))
+
+
 def test_settings_default_to_headers_named_as_the_fields():
     s = settings(headers={"GroupId": "x-group"}, columns={"SequenceNumber": "seq"}, default_max_idle="10 minutes")
     assert s.sources[0] == ("GroupId", "header", "x-group")
@@ -97,6 +102,8 @@ def test_settings_default_to_headers_named_as_the_fields():
     ({"name": "a metric"}, "name"),
     ({"default_expiry": "soon"}, "default_expiry"),
     ({"default_max_idle": 0}, "default_max_idle"),
+    ({"headers_column": None, "columns": {"SequenceNumber": "s"}}, "columns"),
+    ({"headers_column": None, "headers": {"Status": "s"}, "columns": {"GroupId": "g"}}, "headers"),
 ])
 def test_bad_arguments_name_the_argument(kw, option):
     with pytest.raises(OptionError) as err:
