@@ -17,8 +17,8 @@ Spark's ``noop`` sink, so the figure is the operator's cost.
 
 Checked: each query outputs exactly the distinct messages. State size: the state operator's
 ``numRowsTotal`` and RocksDB's ``rocksdbSstFileSize`` (bytes of the state store's files) after the last
-batch, as Spark's query progress reports them. One run of each, alternating after a warm-up on a
-tenth of the files. Run with ``make bench`` (or ``python bench/groups_bench.py``). Prints JSON.
+batch, as Spark's query progress reports them. A warm-up of each on the first file, then one timed
+run of each. Run with ``make bench`` (or ``python bench/groups_bench.py``). Prints JSON.
 """
 
 from __future__ import annotations
