@@ -68,6 +68,9 @@ def test_schema_like_spark_kafka_sink():
     ([StructField("value", StringType())], None, "set option 'topic' or supply a string column 'topic'"),
     ([StructField("value", StringType()), StructField("headers", StringType())], "t",
      "array<struct<key:string,value:binary>>"),
+    ([StructField("value", StringType()), StructField("_lastagent_refused_rule", StringType()),
+      StructField("_lastagent_refused_reason", StringType())], "t",
+     "lastagent.reliable_groups refused, and lastagent-kafka has no dead-letter path"),
 ])
 def test_schema_errors_name_the_column(fields, topic, match):
     with pytest.raises(SchemaError, match=match):
