@@ -126,6 +126,7 @@ bench: setup kafka-up
 	cd bench && ../$(PYTHON) delta_bench.py | tee ../.cache/bench-delta.json
 	cd bench && ../$(PYTHON) objectstore_bench.py | tee ../.cache/bench-objectstore.json
 	cd bench && ../$(PYTHON) groups_bench.py | tee ../.cache/bench-groups.json
+	cd bench && ../$(PYTHON) groups_overhead.py | tee ../.cache/bench-groups-overhead.json
 
 docs: setup
 	$(PYTHON) -m lastagent.options_doc > docs/options.md

@@ -211,7 +211,6 @@ def groups_driver(bootstrap: str, topic: str, table: str, checkpoint: str, link:
     """:func:`reliable_kafka_to_delta` as a driver program that runs until ``stop_file`` exists, appending
     each batch's observed metrics to ``metrics_file`` (a JSON line per progress report)."""
     import json
-    import time
 
     from pyspark.sql.streaming import StreamingQueryListener
 
@@ -235,9 +234,8 @@ def groups_driver(bootstrap: str, topic: str, table: str, checkpoint: str, link:
     spark.streams.addListener(Metrics())
     query = reliable_kafka_to_delta(spark, bootstrap, topic, table, checkpoint, link, dead_letter_table)
     while not os.path.exists(stop_file):
-        if query.awaitTermination(1):
-            break  # it failed: awaitTermination raised, or it ended
-        time.sleep(0.1)
+        if query.awaitTermination(1):  # raises when the query failed
+            break
     query.stop()
     spark.stop()
     return 0

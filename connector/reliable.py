@@ -24,7 +24,7 @@ import datetime as dt
 import pickle
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from lastagent import group_rules
@@ -54,6 +54,7 @@ OUTCOMES = ("delivered", "refused", "duplicate", "terminated", "removed")
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 _PROVIDER = "spark.sql.streaming.stateStore.providerClass"
+_HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 
 _UNITS_MS = {"ms": 1, "millisecond": 1, "milliseconds": 1, "s": 1000, "second": 1000, "seconds": 1000,
              "m": 60_000, "min": 60_000, "minute": 60_000, "minutes": 60_000, "h": 3_600_000, "hour": 3_600_000,
@@ -270,7 +271,9 @@ def reliable_groups(df: DataFrame, *, headers: Mapping[str, str] | None = None,
     if not hasattr(df.groupBy(), "transformWithState"):
         raise LastAgentError("lastagent.reliable_groups needs pyspark 4.1 or newer (transformWithState)")
     provider = df.sparkSession.conf.get(_PROVIDER, None)
-    if provider != ROCKSDB:
+    # Only Spark's HDFS-backed store (its default) is known to lack what transformWithState needs; any other
+    # provider (a runtime's own RocksDB store) is Spark's to accept or refuse when the query starts.
+    if not provider or provider == _HDFS:
         raise LastAgentError(
             f"lastagent.reliable_groups keeps its state with transformWithState, which needs the RocksDB state "
             f"store; this session has {_PROVIDER}={provider or '(unset: HDFS-backed)'}. Set it to {ROCKSDB} "
@@ -373,12 +376,12 @@ class _GroupProcessor(StatefulProcessor):
         cells = dict(zip(self.payload, values if values is not None else (None,) * len(self.payload)))
         return Row(**cells, **{REFUSED_RULE: rule, REFUSED_REASON: reason, _OUTCOME: outcome})
 
-    def _parse(self, row: Any, now: int, ref: int) -> group_rules.Message:
+    def _parse(self, row: Any, now: int) -> group_rules.Message:
         fields = {f: row[_PREFIX + f] for f in FIELDS}
         base = None
         if self.has_timestamp and row["timestamp"] is not None:
             base = int(row["timestamp"].timestamp() * 1000)
-        return message(fields, now, self.settings.default_expiry, base, self.settings.ordered, ref)
+        return message(fields, now, self.settings.default_expiry, base, self.settings.ordered, None)
 
     # -- state
 
@@ -448,18 +451,18 @@ class _GroupProcessor(StatefulProcessor):
         batch = list(rows)
         now = batch[0][_NOW]  # the same in every row: the micro-batch's time
         parsed: list[tuple[tuple[Any, ...], group_rules.Message | str]] = []
-        for i, row in enumerate(batch):
+        for row in batch:
             values = tuple(row[c] for c in self.payload)
             try:
-                parsed.append((values, self._parse(row, now, i)))
+                parsed.append((values, self._parse(row, now)))
             except ValueError as exc:
                 parsed.append((values, str(exc)))
-        order = [c for c in ("partition", "offset") if c in self.payload]
+        order = [self.payload.index(c) for c in ("partition", "offset") if c in self.payload]
 
         def rank(item: tuple[tuple[Any, ...], group_rules.Message | str]) -> tuple[Any, ...]:
             values, m = item
             seq = m.seq if isinstance(m, group_rules.Message) and m.seq is not None else -1
-            return (seq, *(values[self.payload.index(c)] or 0 for c in order))
+            return (seq, *(values[j] or 0 for j in order))
 
         parsed.sort(key=rank)
         rows_now = [values for values, _ in parsed]
@@ -470,8 +473,7 @@ class _GroupProcessor(StatefulProcessor):
             if isinstance(m, str):
                 out.append(self._row(values, "refused", "invalid-message", m))
                 continue
-            m = group_rules.Message(m.group, m.seq, m.expiry, m.status, m.group_expiry, m.group_max_idle,
-                                    m.ordered, i)
+            m = replace(m, ref=i)  # its place in the sorted rows
             state, actions = group_rules.receive(state, m, now, self.limits)
             out.extend(self._emit(actions, rows_now, pending))
         self._keep_held(pending)

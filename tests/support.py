@@ -87,10 +87,10 @@ def race(fn: Callable[[str], Any], names: Sequence[str]) -> dict[str, Any]:
     return results
 
 
-def run_driver(mode: str, args: list[str], crash_at: str | None, state: Path, timeout: float = 300,
-               master: str = "local[2]", conf: dict[str, str] | None = None, kafka_config: Path | None = None,
-               storage_config: Path | None = None) -> int:
-    """Runs ``python -m lastagent.examples <mode> <args>`` as a driver process; returns its exit code.
+def start_driver(mode: str, args: list[str], crash_at: str | None, state: Path, master: str = "local[2]",
+                 conf: dict[str, str] | None = None, kafka_config: Path | None = None,
+                 storage_config: Path | None = None) -> subprocess.Popen:
+    """Starts ``python -m lastagent.examples <mode> <args>`` as a driver process; returns it, running.
 
     With ``crash_at`` (``point`` or ``point:n``) the driver SIGKILLs its own process group (driver,
     JVM, Python workers) at that protocol point; ``state`` counts how often points were reached
@@ -112,9 +112,15 @@ def run_driver(mode: str, args: list[str], crash_at: str | None, state: Path, ti
     # The crash hook (tests/crashhook) is on PYTHONPATH of the driver, its JVM and Spark's workers.
     hook = str(Path(__file__).resolve().parent / "crashhook")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (hook, env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.Popen([sys.executable, "-m", "lastagent.examples", mode, *args], env=env,
+    return subprocess.Popen([sys.executable, "-m", "lastagent.examples", mode, *args], env=env,
                             start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=open(state.with_suffix(".log"), "ab"))
+
+
+def run_driver(mode: str, args: list[str], crash_at: str | None, state: Path, timeout: float = 300,
+               **kw: Any) -> int:
+    """:func:`start_driver`, waited for; returns its exit code (the process group is killed at ``timeout``)."""
+    proc = start_driver(mode, args, crash_at, state, **kw)
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -20,11 +20,8 @@ shows the state of removed groups gone and of terminated-but-kept groups still t
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
@@ -32,6 +29,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import support
 
 pytestmark = pytest.mark.chaos
 
@@ -119,17 +117,6 @@ def third_phase(sender: Sender, now: int) -> None:
     sender.flush()
 
 
-def start_driver(args: list[str], log: Path, crash_at: str | None = None, state: Path | None = None):
-    env = dict(os.environ, LASTAGENT_SPARK_MASTER="local[2]", LASTAGENT_SPARK_CONF="")
-    env.pop("LASTAGENT_CRASH_AT", None)
-    if crash_at:
-        env.update(LASTAGENT_CRASH_AT=crash_at, LASTAGENT_CRASH_STATE=str(state))
-    hook = str(Path(__file__).resolve().parents[1] / "crashhook")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (hook, env.get("PYTHONPATH", "")) if p)
-    return subprocess.Popen([sys.executable, "-m", "lastagent.examples", "groups-driver", *args], env=env,
-                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
-
-
 class Ticks:
     """A live topic's traffic: the step's clock moves with micro-batches that carry rows, so while the test
     waits for a time rule, a singleton goes out every two seconds (each one to be delivered once)."""
@@ -183,7 +170,8 @@ def test_reliable_groups_once_in_order_with_a_killed_driver(spark, kafka_bootstr
     rng = random.Random(1207)
     topic = new_topic(partitions=2, prefix="groups")
     table, dead, ckpt = tmp_path / "table", tmp_path / "dead", tmp_path / "ckpt"
-    stop, metrics, log, state = tmp_path / "stop", tmp_path / "metrics.jsonl", tmp_path / "driver.log", tmp_path / "crash"
+    stop, metrics, state = tmp_path / "stop", tmp_path / "metrics.jsonl", tmp_path / "crash"
+    log = state.with_suffix(".log")
     args = [kafka_bootstrap, topic, str(table), str(ckpt), f"groups-{uuid.uuid4().hex[:6]}", str(dead), str(stop),
             str(metrics)]
     sender = Sender(kafka_bootstrap, topic)
@@ -191,10 +179,10 @@ def test_reliable_groups_once_in_order_with_a_killed_driver(spark, kafka_bootstr
 
     # The driver is killed right after the Delta commit of its third epoch, then restarted.
     state.write_text("0")
-    killed = start_driver(args, log, "after_arbitration:3", state)
+    killed = support.start_driver("groups-driver", args, "after_arbitration:3", state)
     assert killed.wait(timeout=300) == -signal.SIGKILL, f"the driver was not killed; see {log}"
     assert Path(str(state) + ".fired").read_text() == "after_arbitration"
-    proc = start_driver(args, log)
+    proc = support.start_driver("groups-driver", args, None, state)
     try:
         wait_for("first phase in the table", lambda: len(set(delta_rows_in_commit_order(table))) >= len(deliver),
                  proc, log)
