@@ -225,6 +225,18 @@ def _server_properties(port: int, log_dir: Path, workdir: Path, secured: bool) -
     )
 
 
+def new_cluster_id() -> str:
+    """A random KRaft cluster id: 16 random bytes, URL-safe base64 without padding.
+
+    Like Kafka's own ``Uuid.randomUuid()``, it never starts with ``-``: the storage tool's
+    argument parser would read such an id as an option and refuse to format (1 id in 64).
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 def up(port: int = DEFAULT_PORT, workdir: Path | None = None, wait_s: float = 120.0, *, secured: bool = False) -> str:
     """Starts the broker unless it already runs; returns its bootstrap servers string.
 
@@ -262,7 +274,7 @@ def up(port: int = DEFAULT_PORT, workdir: Path | None = None, wait_s: float = 12
         # traffic with them before any client could have created them.
         scram = [a for name, password in USERS.items() for a in ("--add-scram", f"SCRAM-SHA-512=[name={name},password={password}]")]
         fmt = subprocess.run(
-            _java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props),
+            _java("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(props),
                   "--ignore-formatted", *(scram if secured else []), log4j=log4j),
             capture_output=True, text=True,
         )
