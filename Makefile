@@ -7,8 +7,13 @@ VENV      := .venv
 PYTHON    := $(VENV)/bin/python
 PIP       := $(VENV)/bin/pip
 PYTEST    := $(PYTHON) -m pytest
-SOURCES   := $(shell find connector sources sinks -name '*.py' 2>/dev/null) pyproject.toml
+SOURCES   := $(shell find connector sources sinks -name '*.py' -o -name '*.pyi' 2>/dev/null) pyproject.toml \
+             native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
 LOG       := .cache/setup.log
+
+# The compiled Kafka path (native/) builds here, so reinstalls and the wheel test reuse what
+# cargo built before (a fresh build of librdkafka, Arrow and PyO3 takes about 2 minutes).
+export CARGO_TARGET_DIR := $(CURDIR)/.cache/cargo-target
 
 .PHONY: setup run test test-unit test-integration test-chaos test-chaos-full test-wheel test-cluster test-connect test-notebook test-soak soak lint kafka-up kafka-down kafka-up-secured kafka-down-secured s3-up s3-down bench clean docs
 
@@ -27,6 +32,8 @@ $(VENV)/.deps: pyproject.toml
 # The package itself is installed (not editable) so that Spark's worker finds the
 # top-level pyspark_lastagent_* modules by scanning sys.path; reinstalled when code changes.
 $(VENV)/.installed: $(VENV)/.deps $(SOURCES)
+	@command -v cargo >/dev/null || { echo "setup: cargo not found: lastagent's Kafka path (native/) is Rust; install a toolchain with rustup (https://rustup.rs)"; exit 1; }
+	@echo "setup: building and installing lastagent (Rust extension native/ included; log: $(LOG))"
 	@rm -rf build  # setuptools' build dir would carry modules removed from the tree into the wheel
 	@$(PIP) install -q --no-deps --force-reinstall . >>$(LOG) 2>&1 || (tail -30 $(LOG); exit 1)
 	@touch $@

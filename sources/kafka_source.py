@@ -16,7 +16,6 @@ that end a range without counting as loss.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import time
 import uuid
@@ -327,28 +326,42 @@ class KafkaBatchReader(DataSourceReader):
 _IDLE: dict[tuple[tuple[str, str], ...], list[Any]] = {}
 
 
-def _checkout(client: KafkaConfig, group_id_prefix: str = "lastagent-source") -> tuple[tuple[tuple[str, str], ...], Any]:
-    """(key, consumer) for these settings: an idle one of this worker, or a new one. Executor."""
-    from confluent_kafka import Consumer
+def _setting(value: Any) -> str:
+    # librdkafka takes strings; booleans as "true"/"false", as confluent-kafka passes them.
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
-    config = client.librdkafka()
-    key = tuple(sorted((k, str(v)) for k, v in config.items())) + (("groupIdPrefix", group_id_prefix),)
+
+def _checkout(client: KafkaConfig, group_id_prefix: str = "lastagent-source") -> tuple[tuple[tuple[str, str], ...], Any]:
+    """(key, consumer) for these settings: an idle one of this worker, or a new one. Executor.
+
+    The consumer is the compiled ``lastagent._native.RangeConsumer`` (librdkafka into Arrow).
+
+    Raises:
+        KafkaProtocolError: librdkafka refused a setting or could not create the client.
+    """
+    from lastagent._native import NativeKafkaError, RangeConsumer
+
+    config = {k: _setting(v) for k, v in client.librdkafka().items()}
+    key = tuple(sorted(config.items())) + (("groupIdPrefix", group_id_prefix),)
     idle = _IDLE.get(key)
     if idle:
         return key, idle.pop()
-    settings: dict[str, Any] = {
+    settings = {
         # Bounded prefetch: the client's queue, not the partition's size, sets memory use.
-        "queued.max.messages.kbytes": 16384,
-        "fetch.max.bytes": 16 * 1024 * 1024,
+        "queued.max.messages.kbytes": "16384",
+        "fetch.max.bytes": str(16 * 1024 * 1024),
         **config,
         "group.id": config.get("group.id") or f"{group_id_prefix}-{uuid.uuid4().hex[:12]}",
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "enable.partition.eof": True,
+        "enable.auto.commit": "false",
+        "enable.auto.offset.store": "false",
+        "enable.partition.eof": "true",
         # Out-of-range is data loss; failOnDataLoss decides, never a silent reset.
         "auto.offset.reset": "error",
     }
-    return key, Consumer(settings)
+    try:
+        return key, RangeConsumer(list(settings.items()))
+    except NativeKafkaError as e:
+        raise KafkaProtocolError(f"the source's Kafka consumer: {e}") from e
 
 
 def _checkin(key: tuple[tuple[str, str], ...], consumer: Any) -> None:
@@ -364,76 +377,66 @@ def _checkin(key: tuple[tuple[str, str], ...], consumer: Any) -> None:
 def read_range(r: OffsetRange, options: KafkaSourceOptions) -> Iterator[pa.RecordBatch]:
     """Reads offsets [r.start, r.until) of one partition. Runs on an executor.
 
-    The range ends at the first record, or end-of-partition event, at or beyond ``until``:
-    under read_committed the last offsets of a range may be transaction markers or aborted
-    records that the client never returns.
+    The records go from librdkafka into Arrow arrays without a Python object per record
+    (``lastagent._native``); each batch holds at most ``maxRecordsPerArrowBatch`` rows. The
+    range ends at the first record, or end-of-partition event, at or beyond ``until``: under
+    read_committed the last offsets of a range may be transaction markers or aborted records
+    that the client never returns.
 
     Raises:
         DataLossError: records of the range are gone and ``failOnDataLoss`` is true.
-        KafkaProtocolError: no progress within ``kafkaConsumer.pollTimeoutMs``.
+        KafkaProtocolError: no progress within ``kafkaConsumer.pollTimeoutMs``, or a client error.
     """
-    from confluent_kafka import KafkaError, TopicPartition
+    from lastagent.sources.kafka_columns import arrow_schema
 
-    from lastagent.sources.kafka_columns import BatchBuilder
-
+    schema = arrow_schema(options.include_headers)
     key, consumer = _checkout(options.client_config, options.group_id_prefix)
-    consumer.assign([TopicPartition(r.topic, r.partition, r.start)])
-    builder = BatchBuilder(r.topic, r.partition, options.include_headers)
+    consumer.assign(r.topic, r.partition, r.start)
     position = r.start
     patience = options.poll_timeout_ms / 1000
     deadline = time.monotonic() + patience
-    chunk = min(options.batch_rows, 10_000)
+    wait_ms = int(min(1.0, patience) * 1000)
     try:
         while position < r.until:
-            msgs = consumer.consume(num_messages=chunk, timeout=min(1.0, patience))
-            if not msgs:
-                if time.monotonic() > deadline:
-                    raise KafkaProtocolError(
-                        f"{r.topic}-{r.partition}: no record at offset {position} within kafkaConsumer.pollTimeoutMs="
-                        f"{options.poll_timeout_ms} (range [{r.start}, {r.until})); is the broker reachable?",
-                        retriable=True)
-                continue
-            deadline = time.monotonic() + patience
-            last = msgs[-1]
-            if last.error() is not None or any(m.error() is not None for m in msgs):
-                data = []
-                for m in msgs:
-                    err = m.error()
-                    if err is None:
-                        data.append(m)
-                        continue
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        if m.offset() >= r.until:
-                            position = r.until
-                        continue
-                    if err.code() == KafkaError._AUTO_OFFSET_RESET:
-                        position = _lost(consumer, r, position, options)
-                        continue
-                    hint = access_hint(err.name())
-                    raise KafkaProtocolError(f"{r.topic}-{r.partition} at offset {position}: {err.str()}"
-                                             + (f"; {hint}" if hint else ""), retriable=err.retriable())
-                msgs = data
-            if msgs:
-                offsets = [m.offset() for m in msgs]
-                cut = bisect.bisect_left(offsets, r.until)
-                if cut:
-                    yield from builder.add(msgs[:cut], offsets[:cut], options.batch_rows)
-                    position = max(position, offsets[cut - 1] + 1)
-                if cut < len(offsets):
-                    position = r.until
-        tail = builder.flush()
-        if tail is not None:
-            yield tail
+            native, after, status, error = consumer.next_batch(r.until, options.batch_rows, wait_ms,
+                                                               options.include_headers)
+            if native is not None:
+                batch = pa.record_batch(native)
+                if batch.schema != schema:  # a build of lastagent._native that does not match this code
+                    raise KafkaProtocolError(f"lastagent._native gave batches of schema {batch.schema}, not {schema}; "
+                                             "reinstall lastagent")
+                yield batch
+            if after >= 0:
+                position = max(position, after)
+                deadline = time.monotonic() + patience
+            if status == "done":
+                position = r.until
+            elif status == "reset":
+                position = _lost(consumer, r, position, options)
+            elif status == "error":
+                name, text = error
+                hint = access_hint(name)
+                raise KafkaProtocolError(f"{r.topic}-{r.partition} at offset {position}: {text}"
+                                         + (f"; {hint}" if hint else ""), retriable=False)
+            elif status == "wait" and time.monotonic() > deadline:
+                raise KafkaProtocolError(
+                    f"{r.topic}-{r.partition}: no record at offset {position} within kafkaConsumer.pollTimeoutMs="
+                    f"{options.poll_timeout_ms} (range [{r.start}, {r.until})); is the broker reachable?",
+                    retriable=True)
     finally:
         _checkin(key, consumer)
 
 
 def _lost(consumer: Any, r: OffsetRange, position: int, options: KafkaSourceOptions) -> int:
     """Offset ``position`` is out of range mid-read: fail, or skip to the earliest offset left."""
-    from confluent_kafka import TopicPartition
+    from lastagent._native import NativeKafkaError
 
-    low, high = consumer.get_watermark_offsets(TopicPartition(r.topic, r.partition),
-                                               timeout=options.api_timeout_ms / 1000, cached=False)
+    try:
+        low, _high = consumer.watermarks(r.topic, r.partition, options.api_timeout_ms)
+    except NativeKafkaError as e:
+        raise KafkaProtocolError(f"{r.topic}-{r.partition}: records at offset {position} are out of range, and "
+                                 f"asking the broker for the partition's earliest offset failed: {e}",
+                                 retriable=True) from e
     msg = (f"records of {r.topic}-{r.partition} at offsets [{position}, {min(low, r.until)}) are gone "
            f"(retention or truncation) before this query read them")
     if options.fail_on_data_loss or low <= position:
@@ -441,6 +444,5 @@ def _lost(consumer: Any, r: OffsetRange, position: int, options: KafkaSourceOpti
     log.warning("%s; skipping them (failOnDataLoss=false)", msg)
     if low >= r.until:
         return r.until
-    consumer.assign([TopicPartition(r.topic, r.partition, low)])
+    consumer.assign(r.topic, r.partition, low)
     return low
-
