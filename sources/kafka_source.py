@@ -350,6 +350,10 @@ def _checkout(client: KafkaConfig, group_id_prefix: str = "lastagent-source") ->
         # Bounded prefetch: the client's queue, not the partition's size, sets memory use.
         "queued.max.messages.kbytes": "16384",
         "fetch.max.bytes": str(16 * 1024 * 1024),
+        # A reused consumer's next range waits for the previous range's last fetch, a long poll at
+        # the end of the log held by the broker for up to this long (librdkafka's default: 500 ms).
+        # A range never waits for records beyond the last stable offset, so the long poll buys nothing.
+        "fetch.wait.max.ms": "50",
         **config,
         "group.id": config.get("group.id") or f"{group_id_prefix}-{uuid.uuid4().hex[:12]}",
         "enable.auto.commit": "false",

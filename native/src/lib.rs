@@ -270,13 +270,21 @@ fn fill(h: Handle, cols: &mut Columns, until: i64, max_rows: usize, wait_ms: i32
         // Never take more data messages than the batch has room for: a message taken is never
         // put back, so the queue must keep what this batch cannot hold.
         let want = msgs.len().min(max_rows - cols.rows);
-        let n = unsafe { rd::rd_kafka_consume_batch_queue(h.queue, wait_ms, msgs.as_mut_ptr(), want) };
+        // What the queue holds now, without waiting: the batch call waits for `want` messages or
+        // its whole timeout, which would hold back a range's last records for that long.
+        let mut n = unsafe { rd::rd_kafka_consume_batch_queue(h.queue, 0, msgs.as_mut_ptr(), want) };
         if n < 0 {
             let err = unsafe { rd::rd_kafka_last_error() };
             return (Stop::Error(err_name(err), err_text(err)), next);
         }
         if n == 0 {
-            return (Stop::Wait, next);
+            // Nothing queued: wait for the first message only, and go on as soon as it comes.
+            let m = unsafe { rd::rd_kafka_consume_queue(h.queue, wait_ms) };
+            if m.is_null() {
+                return (Stop::Wait, next);
+            }
+            msgs[0] = m;
+            n = 1;
         }
         let mut stop: Option<Stop> = None;
         for &m in &msgs[..n as usize] {
@@ -308,6 +316,9 @@ fn fill(h: Handle, cols: &mut Columns, until: i64, max_rows: usize, wait_ms: i32
         }
         if let Some(s) = stop {
             return (s, next);
+        }
+        if next >= until {
+            return (Stop::Done, next); // the range's last record is in: no need to see what follows
         }
     }
 }
