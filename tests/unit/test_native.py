@@ -1,0 +1,44 @@
+"""The compiled Kafka path's client-side checks (``lastagent._native``): no broker needed."""
+
+from __future__ import annotations
+
+import pytest
+
+from lastagent._native import NativeKafkaError, RangeConsumer, librdkafka_version
+from lastagent.errors import KafkaProtocolError
+from lastagent.kafka_config import KafkaConfig
+from lastagent.sources import kafka_source
+
+pytestmark = pytest.mark.unit
+
+
+def test_built_with_the_pinned_librdkafka() -> None:
+    # native/Cargo.toml pins rdkafka-sys =4.10.0, which builds librdkafka 2.12.1 from source.
+    assert librdkafka_version() == "2.12.1"
+
+
+def test_a_setting_librdkafka_does_not_know_is_refused_by_name() -> None:
+    with pytest.raises(NativeKafkaError, match="no.such.setting"):
+        RangeConsumer([("bootstrap.servers", "127.0.0.1:1"), ("no.such.setting", "1")])
+
+
+def test_the_build_has_tls_and_scram() -> None:
+    # Secured brokers (SASL_SSL with SCRAM) need librdkafka built with OpenSSL: creating such a
+    # client fails at once on a build without it, before any connection is tried.
+    consumer = RangeConsumer([("bootstrap.servers", "127.0.0.1:1"), ("group.id", "g"),
+                              ("security.protocol", "SASL_SSL"), ("sasl.mechanism", "SCRAM-SHA-512"),
+                              ("sasl.username", "u"), ("sasl.password", "p")])
+    consumer.close()
+
+
+def test_source_reports_a_refused_setting_as_a_kafka_error() -> None:
+    config = KafkaConfig.of({"bootstrap.servers": "127.0.0.1:1", "no.such.setting": "1"})
+    with pytest.raises(KafkaProtocolError, match="no.such.setting"):
+        kafka_source._checkout(config, "lastagent-test")
+
+
+def test_a_closed_consumer_refuses_calls() -> None:
+    consumer = RangeConsumer([("bootstrap.servers", "127.0.0.1:1"), ("group.id", "g")])
+    consumer.close()
+    with pytest.raises(NativeKafkaError, match="closed"):
+        consumer.assign("t", 0, 0)
