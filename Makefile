@@ -129,6 +129,7 @@ soak: setup kafka-up
 
 bench: setup kafka-up
 	cd bench && ../$(PYTHON) source_bench.py | tee ../.cache/bench-source.json
+	cd bench && ../$(PYTHON) source_phases.py | tee ../.cache/bench-source-phases.json
 	cd bench && ../$(PYTHON) sink_bench.py | tee ../.cache/bench-sink.json
 	cd bench && ../$(PYTHON) delta_bench.py | tee ../.cache/bench-delta.json
 	cd bench && ../$(PYTHON) objectstore_bench.py | tee ../.cache/bench-objectstore.json

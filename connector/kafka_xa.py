@@ -4,7 +4,7 @@ Two halves, after the XA verbs (start / end / prepare on the branch's own produc
 rollback / recover by the transaction manager; Kafka keeps no heuristic outcome to forget):
 
 * :class:`BranchWriter` runs on an executor, inside one Spark task attempt. It owns a
-  confluent-kafka transactional producer, writes records, and ``prepare()`` flushes them inside
+  librdkafka transactional producer (``lastagent._native``), writes records, and ``prepare()`` flushes them inside
   the still-open transaction and returns the branch's :class:`BranchHandle`. It never commits,
   aborts or closes that transaction on the way out: the transaction outlives the producer, the
   task, even a SIGKILL of the process, until the driver ends it or the broker's
@@ -24,21 +24,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from confluent_kafka import KafkaError, KafkaException
 
 from lastagent import faults
 from lastagent.errors import KafkaProtocolError, LastAgentError
 from lastagent.kafka_config import KafkaConfig, access_hint
 from lastagent.kafka_wire import TransactionCoordinatorClient, admin_client, explain
-
-_MSG_SIZE_TOO_LARGE = KafkaError.MSG_SIZE_TOO_LARGE
-_PURGED = (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
-
-
-def _failed_transaction(exc: KafkaException) -> bool:
-    """produce() refused because an earlier record failed the transaction (librdkafka's _STATE)."""
-    err = exc.args[0] if exc.args else None
-    return isinstance(err, KafkaError) and err.code() == KafkaError._STATE
 
 log = logging.getLogger("lastagent.kafka")
 
@@ -57,6 +47,13 @@ _GONE = frozenset({
 
 class BranchError(LastAgentError):
     """Writing or preparing a branch failed on the executor; the task fails and Spark retries it."""
+
+
+class RecordTooLarge(BranchError):
+    """The client refused a record at once: larger than the producer's ``message.max.bytes``.
+
+    Nothing was added to the branch, which stays usable (a caller may route the record elsewhere).
+    """
 
 
 @dataclass(frozen=True)
@@ -138,7 +135,7 @@ class OpenTransaction:
 
 def producer_config(client_config: KafkaConfig | Mapping[str, str], transactional_id: str,
                     timeout_ms: int) -> dict[str, Any]:
-    """confluent-kafka settings for one branch's producer. Executor side.
+    """librdkafka settings for one branch's producer. Executor side.
 
     ``client_config`` holds the user's ``kafka.*`` options with the prefix removed.
     """
@@ -157,121 +154,105 @@ def producer_config(client_config: KafkaConfig | Mapping[str, str], transactiona
 class BranchWriter:
     """One branch: a Kafka transaction written by one Spark task attempt. Executor side.
 
+    The producer is the compiled ``lastagent._native.BranchProducer`` (librdkafka): Arrow
+    columns go into its queue without a Python object per record (:meth:`send_columns`).
+
     Args:
-        client_config: confluent-kafka settings (bootstrap.servers, security, tuning).
+        client_config: librdkafka settings (bootstrap.servers, security, tuning).
         transactional_id: the branch id from the link's bounded naming scheme.
         timeout_ms: the transaction timeout; the broker expires the branch after it.
-        admin_factory: builds the kafka-python admin client used to read the handle; tests
-            may pass one that is already connected.
+        init_timeout_s: how long ``init_transactions`` may take.
+
+    Raises:
+        BranchError: the producer could not start its transaction (names the login or ACL
+            setting when that is the cause).
     """
 
     def __init__(self, client_config: KafkaConfig | Mapping[str, str], transactional_id: str, timeout_ms: int,
                  init_timeout_s: float = 60.0) -> None:
-        from confluent_kafka import Producer  # executor-only dependency on the data path
+        from lastagent._native import BranchProducer, NativeKafkaError  # executor-only: the data path
 
         self.transactional_id = transactional_id
         self._client_config = KafkaConfig.of(client_config)
         self._records = 0
-        self._errors: list[str] = []
-        self._purged = 0
         config = producer_config(client_config, transactional_id, timeout_ms)
-        # Delivery reports for failures only: a Python callback per delivered record costs more
-        # than the produce() call itself, and success is what flush() already tells us.
-        config.update({"delivery.report.only.error": True, "on_delivery": self._on_delivery,
-                       "error_cb": self._on_client_error})
-        self._login_error: Any = None
-        self._producer: Any = Producer(config)  # None once released
+        # Delivery reports for failures only: success is what flush() already tells us.
+        config["delivery.report.only.error"] = True
+        settings = [(k, ("true" if v else "false") if isinstance(v, bool) else str(v)) for k, v in config.items()]
+        try:
+            self._producer: Any = BranchProducer(settings)  # None once released
+        except NativeKafkaError as exc:
+            raise BranchError(f"branch {transactional_id}: {exc}") from exc
         # init_transactions fences any older producer of this id and aborts its open
         # transaction: the id scheme guarantees no decided branch still holds this id.
-        try:
-            self._producer.init_transactions(init_timeout_s)
-        except KafkaException as exc:
-            raise self._denied(exc) from exc
-        self._producer.begin_transaction()
+        failed = self._producer.init_transactions(int(init_timeout_s * 1000))
+        if failed is None:
+            failed = self._producer.begin_transaction()
+        if failed is not None:
+            error = self._denied(*failed)
+            self.release()
+            raise error
 
-    def _on_client_error(self, err: Any) -> None:
-        # librdkafka reports a refused login or TLS handshake only here, and keeps retrying: the
-        # call that waits on it then fails with a bare timeout.
-        if access_hint(err.name()) is not None:
-            self._login_error = err
+    def _denied(self, name: str, text: str) -> BranchError:
+        """A refused call's error, saying which ACL or login setting it needs, when that is the cause.
 
-    def _denied(self, exc: KafkaException) -> Exception:
-        """A refused call's error, saying which ACL or login setting it needs, when that is the cause."""
-        err = exc.args[0] if exc.args else None
+        librdkafka reports a refused login or TLS handshake only to its error callback, and keeps
+        retrying: the call that waited on it then fails with a bare timeout.
+        """
         self._producer.poll(0)  # serves the error events queued while the blocking call waited
-        for cause in (err, self._login_error):
-            if isinstance(cause, KafkaError) and access_hint(cause.name()) is not None:
-                return BranchError(f"branch {self.transactional_id}: {cause.str()}; {access_hint(cause.name())}")
-        return exc
-
-    def _on_delivery(self, err: Any, msg: Any) -> None:
-        # Called from poll/flush, for failed records only (delivery.report.only.error).
-        if err is not None and err.code() in _PURGED:
-            # Not a cause: records the client dropped because the transaction had already failed.
-            self._purged += 1
-        elif err is not None:
-            where = f"topic {msg.topic()} partition {msg.partition()}"
-            if msg.key() is not None:
-                where += f" key {msg.key()[:64]!r}"
-            hint = f" ({access_hint(err.name())})" if access_hint(err.name()) else ""
-            if err.code() == _MSG_SIZE_TOO_LARGE:
-                hint = (f" (record of {len(msg.value() or b'') + len(msg.key() or b'')} bytes; the broker's "
-                        "message.max.bytes or the topic's max.message.bytes is smaller)")
-            self._errors.append(f"{where}: {err.str()}{hint}")
-
-    def _refused(self, exc: Exception) -> BranchError:
-        """The error for a produce() the client refused: the delivery failure that caused it, if known."""
-        self._producer.flush(10)  # serve every pending report: the cause is among them (bounded wait)
-        return BranchError(f"branch {self.transactional_id}: the transaction failed and must be aborted: "
-                           f"{self._failures() or exc}")
+        _, _, client_errors = self._producer.reports()
+        for cause_name, cause_text in [(name, text), *reversed(client_errors)]:
+            hint = access_hint(cause_name)
+            if hint is not None:
+                return BranchError(f"branch {self.transactional_id}: {cause_text}; {hint}")
+        return BranchError(f"branch {self.transactional_id}: {text} ({name})")
 
     def _failures(self) -> str:
         """The failed records' causes, then how many records were dropped with the transaction."""
-        text = "; ".join(self._errors[:3])
-        if self._purged:
-            text += f"{'; ' if text else ''}{self._purged} more record(s) dropped with the failed transaction"
-        return text
+        failures, purged, _ = self._producer.reports()
+        causes = []
+        for name, text, topic, partition, key, size in failures[:3]:
+            where = f"topic {topic} partition {partition}"
+            if key is not None:
+                where += f" key {key!r}"
+            hint = access_hint(name)
+            note = f" ({hint})" if hint else ""
+            if name == "MSG_SIZE_TOO_LARGE":
+                note = (f" (record of {size} bytes; the broker's message.max.bytes or the topic's "
+                        "max.message.bytes is smaller)")
+            causes.append(f"{where}: {text}{note}")
+        out = "; ".join(causes)
+        if purged:
+            out += f"{'; ' if out else ''}{purged} more record(s) dropped with the failed transaction"
+        return out
+
+    def _refused(self, name: str, text: str, topic: str, partition: int | None) -> BranchError:
+        """The error for a record the client refused: the delivery failure that caused it, if known."""
+        if name == "_STATE":  # the transaction failed earlier; the cause is among the reports
+            self._producer.flush(10_000)  # serve every pending report (bounded wait)
+            return BranchError(f"branch {self.transactional_id}: the transaction failed and must be aborted: "
+                               f"{self._failures() or text}")
+        where = f"topic {topic}" + (f" partition {partition}" if partition is not None and partition >= 0 else "")
+        error = RecordTooLarge if name == "MSG_SIZE_TOO_LARGE" else BranchError
+        return error(f"branch {self.transactional_id}: {where}: {text} ({name})")
 
     def send(self, topic: str, value: bytes | None, key: bytes | None = None,
              headers: Sequence[tuple[str, str | bytes | None]] | None = None, partition: int | None = None) -> None:
-        """Adds one record to the branch; blocks briefly when the local queue is full. Hot path."""
-        produce = self._producer.produce
+        """Adds one record to the branch; blocks briefly when the local queue is full."""
         part = -1 if partition is None else partition  # -1: the configured partitioner decides
-        while True:
-            try:
-                if headers:
-                    produce(topic, value, key, part, headers=headers)
-                else:
-                    produce(topic, value, key, part)
-                break
-            except BufferError:
-                # Local queue full: serve delivery reports until there is room. Bounded memory.
-                self._producer.poll(0.1)
-            except KafkaException as exc:
-                if _failed_transaction(exc):
-                    raise self._refused(exc) from exc
-                raise
+        hdrs = [(k, v.encode() if isinstance(v, str) else v) for k, v in headers] if headers else None
+        failed = self._producer.produce(topic, value, key, part, hdrs)
+        if failed is not None:
+            raise self._refused(*failed, topic, partition)
         self._records += 1
-        if self._records % 1000 == 0:
-            self._producer.poll(0)
 
-    def send_many(self, topic: str, keys: list[bytes | None], values: list[bytes | None]) -> None:
-        """Adds many records to one topic, partitioned by the configured partitioner. Hot path:
-        one tight loop per Arrow batch instead of one call per record."""
-        produce, poll = self._producer.produce, self._producer.poll
-        for key, value in zip(keys, values):
-            while True:
-                try:
-                    produce(topic, value, key)
-                    break
-                except BufferError:
-                    poll(0.1)  # local queue full: bounded memory
-                except KafkaException as exc:
-                    if _failed_transaction(exc):
-                        raise self._refused(exc) from exc
-                    raise
-        self._records += len(values)
-        poll(0)
+    def send_columns(self, topic: str, keys: Any, values: Any) -> None:
+        """Adds one record per row of the Arrow columns (binary or string; ``keys`` may be None) to
+        one topic, partitioned by the configured partitioner. Hot path: no Python object per record."""
+        added, failed = self._producer.produce_columns(topic, keys, values)
+        self._records += added
+        if failed is not None:
+            raise self._refused(*failed, topic, None)
 
     def prepare(self, flush_timeout_s: float = 300.0, admin: Any = None) -> BranchHandle:
         """Flushes every record into the still-open transaction and returns the branch handle.
@@ -279,10 +260,11 @@ class BranchWriter:
         Raises:
             BranchError: a record could not be delivered, or the flush timed out.
         """
-        left = self._producer.flush(flush_timeout_s)
+        left = self._producer.flush(int(flush_timeout_s * 1000))
         if left:
             raise BranchError(f"branch {self.transactional_id}: {left} records not flushed within {flush_timeout_s}s")
-        if self._errors or self._purged:
+        failures, purged, _ = self._producer.reports()
+        if failures or purged:
             raise BranchError(f"branch {self.transactional_id}: delivery failed: {self._failures()}")
         if self._records == 0:
             return BranchHandle(self.transactional_id, -1, -1, 0, ())
@@ -293,18 +275,20 @@ class BranchWriter:
         """Rolls back from the owning producer, before prepare (the task failed mid-write)."""
         if self._producer is None:
             return  # released after prepare: the branch is the driver's to end now
-        self._producer.abort_transaction(timeout_s)
+        failed = self._producer.abort_transaction(int(timeout_s * 1000))
         self.release()
+        if failed is not None:
+            raise BranchError(f"branch {self.transactional_id}: abort failed: {failed[1]} ({failed[0]})")
 
     def release(self) -> None:
-        """Frees the producer (its threads and sockets) now, leaving a prepared transaction open.
+        """Destroys the producer (its threads and sockets) now, leaving a prepared transaction open.
 
-        Not ``Producer.close()``: in confluent-kafka 2.16 that aborts the open transaction. The
-        producer is destroyed by dropping its last reference, which leaves the transaction to
-        whoever holds the handle; tests/integration/test_kafka_xa.py pins both behaviours.
+        librdkafka's destroy sends no EndTxn, so the transaction stays with whoever holds the
+        handle; tests/integration/test_kafka_xa.py pins that.
         """
         producer, self._producer = self._producer, None
-        del producer
+        if producer is not None:
+            producer.release()
 
 
 def describe_open(client_config: KafkaConfig | Mapping[str, str], transactional_id: str,

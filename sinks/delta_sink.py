@@ -27,7 +27,7 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 from pyspark.sql.types import StructType
 
 from lastagent import faults, protocol
-from lastagent.kafka_xa import BranchHandle, BranchWriter
+from lastagent.kafka_xa import BranchHandle, BranchWriter, RecordTooLarge
 from lastagent.reliable import split_refused, strip_refusal_columns
 from lastagent.sinks import dead_letters, transformer
 from lastagent.sinks.delta_commit import StagedEpoch, TargetTableStore, schema_diff, schema_error
@@ -86,8 +86,6 @@ class _Outputs:
         """Every delivered row, as JSON, to every side topic; a row too large goes to the dead letters."""
         if not self.options.side_topics or batch.num_rows == 0:
             return
-        from confluent_kafka import KafkaError, KafkaException
-
         writer = self._writer()
         for row in batch.to_pylist():
             value, key = dead_letters.row_json(row), row.get("key")
@@ -95,10 +93,8 @@ class _Outputs:
             for topic in self.options.side_topics:
                 try:
                     writer.send(topic, value, key)
-                except KafkaException as exc:
-                    if exc.args[0].code() != KafkaError.MSG_SIZE_TOO_LARGE:
-                        raise
-                    self.dead_letter(row, "record-too-large", f"side topic {topic}: {exc.args[0].str()}")
+                except RecordTooLarge as exc:
+                    self.dead_letter(row, "record-too-large", f"side topic {topic}: {exc}")
 
     def dead_letter(self, row: pa.RecordBatch | dict[str, Any], reason: str, error: BaseException | str) -> None:
         """Sends one record to the dead-letter topic, or fails the batch naming the record."""

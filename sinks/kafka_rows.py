@@ -100,15 +100,14 @@ def _bytes_of(column: Any) -> list[bytes | None]:
     return column.to_pylist()
 
 
-def simple_columns(batch: "object") -> tuple[list[bytes | None], list[bytes | None]]:
-    """(keys, values) of a batch with only key and value columns: the sink's fast path."""
+def simple_columns(batch: "object") -> tuple[Any, Any]:
+    """(keys or None, values) of a batch with only key and value columns, as Arrow arrays: the
+    sink's fast path hands them to the compiled producer without a Python object per record."""
     import pyarrow as pa
 
     assert isinstance(batch, pa.RecordBatch)
     cols = {name.lower(): batch.column(i) for i, name in enumerate(batch.schema.names)}
-    values = _bytes_of(cols["value"])
-    keys: list[bytes | None] = _bytes_of(cols["key"]) if "key" in cols else [None] * batch.num_rows
-    return keys, values
+    return cols.get("key"), cols["value"]
 
 
 def records(batch: "object", topic_option: str | None) -> Iterator[Record]:

@@ -101,7 +101,7 @@ class KafkaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
             for batch in iterator:
                 if simple and topic is not None:
                     keys, values = simple_columns(batch)
-                    writer.send_many(topic, keys, values)
+                    writer.send_columns(topic, keys, values)
                 else:
                     for key, value, row_topic, part, headers in records(batch, topic):
                         writer.send(row_topic, value, key, headers, part)

@@ -1,6 +1,8 @@
 //! lastagent's compiled Kafka path (`lastagent._native`). Runs on executors, inside Spark's
 //! Python worker.
 //!
+//! `BranchProducer` (producer.rs) is the sink's transactional branch producer.
+//!
 //! `RangeConsumer` reads one partition's offset range with librdkafka and builds the records
 //! straight into Arrow arrays, in the row schema of Spark's `kafka` source, without a Python
 //! object per record. Each batch goes to pyarrow through the Arrow C data interface (the
@@ -23,6 +25,8 @@ use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 use rdkafka_sys as rd;
+
+mod producer;
 
 create_exception!(_native, NativeKafkaError, PyException, "librdkafka refused a call (the message says which).");
 
@@ -463,6 +467,7 @@ fn librdkafka_version() -> String {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RangeConsumer>()?;
     m.add_class::<ArrowBatch>()?;
+    m.add_class::<producer::BranchProducer>()?;
     m.add_function(wrap_pyfunction!(librdkafka_version, m)?)?;
     m.add("NativeKafkaError", m.py().get_type::<NativeKafkaError>())?;
     Ok(())

@@ -1,0 +1,392 @@
+//! The sink's branch producer (`lastagent._native.BranchProducer`). Runs on executors.
+//!
+//! A librdkafka transactional producer for one branch (one Kafka transaction of one Spark task
+//! attempt). Arrow columns are produced without a Python object per record: keys and values
+//! are read from the Arrow C data interface and copied once, into librdkafka's queue. The XA
+//! rules stay in Python (`lastagent.kafka_xa.BranchWriter`): this type only carries out the
+//! calls and reports what librdkafka said, as (error name, text) pairs.
+
+use std::ffi::{c_char, c_int, c_void};
+use std::ptr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arrow_array::cast::AsArray;
+use arrow_array::{make_array, Array, ArrayRef};
+use arrow_data::ffi::FFI_ArrowArray;
+use arrow_schema::ffi::FFI_ArrowSchema;
+use arrow_schema::DataType;
+use pyo3::prelude::*;
+use pyo3::types::{PyCapsule, PyTuple};
+use rdkafka_sys as rd;
+
+use crate::{cstring, err_name, err_text, text, NativeKafkaError};
+
+/// A librdkafka error as Python sees it: (name, text).
+type KafkaErr = (String, String);
+
+/// A record the broker or the client refused: (error name, text, topic, partition, the key's
+/// first 64 bytes, the record's size in bytes).
+type Failure = (String, String, String, i32, Option<Vec<u8>>, usize);
+
+/// What librdkafka's callbacks reported. Shared with them through the client's opaque pointer.
+#[derive(Default)]
+struct Reports {
+    failures: Mutex<Vec<Failure>>,
+    purged: AtomicU64,
+    client_errors: Mutex<Vec<KafkaErr>>,
+}
+
+const KEEP_FAILURES: usize = 16;
+
+unsafe extern "C" fn on_delivery(_rk: *mut rd::rd_kafka_t, m: *const rd::rd_kafka_message_t, opaque: *mut c_void) {
+    // delivery.report.only.error: called (from poll/flush) for failed records only.
+    let reports = &*(opaque as *const Reports);
+    let msg = &*m;
+    match msg.err {
+        rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR => {}
+        // Not a cause: records the client dropped because the transaction had already failed.
+        rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__PURGE_QUEUE | rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__PURGE_INFLIGHT => {
+            reports.purged.fetch_add(1, Ordering::Relaxed);
+        }
+        err => {
+            let mut failures = reports.failures.lock().unwrap();
+            if failures.len() < KEEP_FAILURES {
+                let key = (!msg.key.is_null())
+                    .then(|| std::slice::from_raw_parts(msg.key as *const u8, msg.key_len.min(64)).to_vec());
+                let topic = if msg.rkt.is_null() { String::new() } else { text(rd::rd_kafka_topic_name(msg.rkt)) };
+                // Not rd_kafka_message_errstr: on a delivery report that returns the payload as text.
+                failures.push((err_name(err), err_text(err), topic, msg.partition, key,
+                               msg.len + msg.key_len));
+            }
+        }
+    }
+}
+
+unsafe extern "C" fn on_error(_rk: *mut rd::rd_kafka_t, err: c_int, reason: *const c_char, opaque: *mut c_void) {
+    // librdkafka reports a refused login or TLS handshake only here, and keeps retrying.
+    let reports = &*(opaque as *const Reports);
+    // The code comes from librdkafka itself, so it is one of the enum's values.
+    let code: rd::rd_kafka_resp_err_t = std::mem::transmute(err);
+    let mut errors = reports.client_errors.lock().unwrap();
+    if errors.len() >= KEEP_FAILURES {
+        errors.remove(0);
+    }
+    errors.push((err_name(code), text(reason)));
+}
+
+#[derive(Clone, Copy)]
+struct Client(*mut rd::rd_kafka_t);
+unsafe impl Send for Client {}
+unsafe impl Sync for Client {}
+
+/// One branch's transactional producer. Executor side.
+#[pyclass(module = "lastagent._native")]
+pub struct BranchProducer {
+    client: Option<Client>,
+    reports: Arc<Reports>,
+}
+
+unsafe fn take_error(error: *mut rd::rd_kafka_error_t) -> Option<KafkaErr> {
+    if error.is_null() {
+        return None;
+    }
+    let out = (text(rd::rd_kafka_error_name(error)), text(rd::rd_kafka_error_string(error)));
+    rd::rd_kafka_error_destroy(error);
+    Some(out)
+}
+
+/// Key and value bytes of one Arrow column (binary or string, 32- or 64-bit offsets).
+enum ByteColumn {
+    Binary(ArrayRef),
+}
+
+impl ByteColumn {
+    fn import(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Self> {
+        let pair = obj.call_method0("__arrow_c_array__")?;
+        let pair = pair.cast::<PyTuple>()?;
+        let schema = pair.get_item(0)?;
+        let array = pair.get_item(1)?;
+        let schema = schema.cast::<PyCapsule>()?;
+        let array = array.cast::<PyCapsule>()?;
+        let data = unsafe {
+            let schema_ptr = schema.pointer_checked(Some(c"arrow_schema"))?.as_ptr() as *const FFI_ArrowSchema;
+            let array_ptr = array.pointer_checked(Some(c"arrow_array"))?.as_ptr() as *mut FFI_ArrowArray;
+            // Moves the array out of its capsule (the capsule's release becomes a no-op).
+            let ffi = FFI_ArrowArray::from_raw(array_ptr);
+            arrow_array::ffi::from_ffi(ffi, &*schema_ptr)
+                .map_err(|e| NativeKafkaError::new_err(format!("{what}: Arrow import failed: {e}")))?
+        };
+        let array = make_array(data);
+        match array.data_type() {
+            DataType::Binary | DataType::LargeBinary | DataType::Utf8 | DataType::LargeUtf8 => Ok(ByteColumn::Binary(array)),
+            other => Err(NativeKafkaError::new_err(format!("{what}: an Arrow {other} column; binary or string expected"))),
+        }
+    }
+
+    fn len(&self) -> usize {
+        let ByteColumn::Binary(a) = self;
+        a.len()
+    }
+
+    fn get(&self, i: usize) -> Option<&[u8]> {
+        let ByteColumn::Binary(a) = self;
+        if a.is_null(i) {
+            return None;
+        }
+        Some(match a.data_type() {
+            DataType::Binary => a.as_binary::<i32>().value(i),
+            DataType::LargeBinary => a.as_binary::<i64>().value(i),
+            DataType::Utf8 => a.as_string::<i32>().value(i).as_bytes(),
+            _ => a.as_string::<i64>().value(i).as_bytes(),
+        })
+    }
+}
+
+fn ptr_len(b: Option<&[u8]>) -> (*const c_void, usize) {
+    match b {
+        Some(b) => (b.as_ptr() as *const c_void, b.len()),
+        None => (ptr::null(), 0),
+    }
+}
+
+impl BranchProducer {
+    fn client(&self) -> PyResult<Client> {
+        self.client.ok_or_else(|| NativeKafkaError::new_err("the producer is released"))
+    }
+}
+
+#[pymethods]
+impl BranchProducer {
+    /// Creates the producer from librdkafka settings (name, value) pairs; transactional.id among them.
+    #[new]
+    fn new(settings: Vec<(String, String)>) -> PyResult<Self> {
+        let reports = Arc::new(Reports::default());
+        unsafe {
+            let conf = rd::rd_kafka_conf_new();
+            let mut errbuf = [0 as c_char; 512];
+            for (name, value) in &settings {
+                let (cname, cvalue) = (cstring(name, name)?, cstring(name, value)?);
+                let res = rd::rd_kafka_conf_set(conf, cname.as_ptr(), cvalue.as_ptr(), errbuf.as_mut_ptr(), errbuf.len());
+                if res != rd::rd_kafka_conf_res_t::RD_KAFKA_CONF_OK {
+                    rd::rd_kafka_conf_destroy(conf);
+                    return Err(NativeKafkaError::new_err(format!("{name}: {}", text(errbuf.as_ptr()))));
+                }
+            }
+            rd::rd_kafka_conf_set_opaque(conf, Arc::as_ptr(&reports) as *mut c_void);
+            rd::rd_kafka_conf_set_dr_msg_cb(conf, Some(on_delivery));
+            rd::rd_kafka_conf_set_error_cb(conf, Some(on_error));
+            let rk = rd::rd_kafka_new(rd::rd_kafka_type_t::RD_KAFKA_PRODUCER, conf, errbuf.as_mut_ptr(), errbuf.len());
+            if rk.is_null() {
+                rd::rd_kafka_conf_destroy(conf);
+                return Err(NativeKafkaError::new_err(format!("creating the producer failed: {}", text(errbuf.as_ptr()))));
+            }
+            Ok(BranchProducer { client: Some(Client(rk)), reports })
+        }
+    }
+
+    /// Fences older producers of the transactional.id and aborts their open transaction.
+    fn init_transactions(&self, py: Python<'_>, timeout_ms: i32) -> PyResult<Option<KafkaErr>> {
+        let c = self.client()?;
+        Ok(py.detach(move || {
+            let c = c;
+            unsafe { take_error(rd::rd_kafka_init_transactions(c.0, timeout_ms)) }
+        }))
+    }
+
+    fn begin_transaction(&self) -> PyResult<Option<KafkaErr>> {
+        let c = self.client()?;
+        Ok(unsafe { take_error(rd::rd_kafka_begin_transaction(c.0)) })
+    }
+
+    fn abort_transaction(&self, py: Python<'_>, timeout_ms: i32) -> PyResult<Option<KafkaErr>> {
+        let c = self.client()?;
+        Ok(py.detach(move || {
+            let c = c;
+            unsafe { take_error(rd::rd_kafka_abort_transaction(c.0, timeout_ms)) }
+        }))
+    }
+
+    /// Adds one record (partition -1: the partitioner decides). Waits while the local queue is full.
+    #[pyo3(signature = (topic, value, key, partition, headers))]
+    fn produce(
+        &self,
+        py: Python<'_>,
+        topic: &str,
+        value: Option<&[u8]>,
+        key: Option<&[u8]>,
+        partition: i32,
+        headers: Option<Vec<(String, Option<Vec<u8>>)>>,
+    ) -> PyResult<Option<KafkaErr>> {
+        let c = self.client()?;
+        let ctopic = cstring("topic", topic)?;
+        let names = match &headers {
+            Some(hs) => hs.iter().map(|(k, _)| cstring("header key", k)).collect::<PyResult<Vec<_>>>()?,
+            None => Vec::new(),
+        };
+        loop {
+            let (vptr, vlen) = ptr_len(value);
+            let (kptr, klen) = ptr_len(key);
+            let err = unsafe {
+                let hdrs = match &headers {
+                    Some(hs) if !hs.is_empty() => {
+                        let h = rd::rd_kafka_headers_new(hs.len());
+                        for ((_, v), name) in hs.iter().zip(&names) {
+                            let (p, n) = ptr_len(v.as_deref());
+                            rd::rd_kafka_header_add(h, name.as_ptr(), -1, p, if p.is_null() { 0 } else { n as isize });
+                        }
+                        h
+                    }
+                    _ => ptr::null_mut(),
+                };
+                let err = if hdrs.is_null() {
+                    rd::rd_kafka_producev(
+                        c.0,
+                        rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_TOPIC as c_int, ctopic.as_ptr(),
+                        rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_PARTITION as c_int, partition,
+                        rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_VALUE as c_int, vptr as *mut c_void, vlen,
+                        rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_KEY as c_int, kptr, klen,
+                        rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_MSGFLAGS as c_int, rd::RD_KAFKA_MSG_F_COPY as c_int,
+                        rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_END as c_int,
+                    )
+                } else {
+                    rd::rd_kafka_producev(
+                        c.0,
+                        rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_TOPIC as c_int, ctopic.as_ptr(),
+                        rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_PARTITION as c_int, partition,
+                        rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_VALUE as c_int, vptr as *mut c_void, vlen,
+                        rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_KEY as c_int, kptr, klen,
+                        rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_MSGFLAGS as c_int, rd::RD_KAFKA_MSG_F_COPY as c_int,
+                        rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_HEADERS as c_int, hdrs,
+                        rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_END as c_int,
+                    )
+                };
+                if err != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && !hdrs.is_null() {
+                    rd::rd_kafka_headers_destroy(hdrs); // not taken over on failure
+                }
+                err
+            };
+            match err {
+                rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR => return Ok(None),
+                rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__QUEUE_FULL => {
+                    // Local queue full: serve delivery reports until there is room. Bounded memory.
+                    py.detach(move || {
+                        let c = c;
+                        unsafe { rd::rd_kafka_poll(c.0, 100) }
+                    });
+                }
+                err => return Ok(Some((err_name(err), err_text(err)))),
+            }
+        }
+    }
+
+    /// Adds one record per row of the Arrow columns to `topic` (the partitioner decides), copying
+    /// keys and values once, into librdkafka's queue. Returns (records added, error or None).
+    #[pyo3(signature = (topic, keys, values))]
+    fn produce_columns(
+        &self,
+        py: Python<'_>,
+        topic: &str,
+        keys: Option<Bound<'_, PyAny>>,
+        values: Bound<'_, PyAny>,
+    ) -> PyResult<(usize, Option<KafkaErr>)> {
+        let c = self.client()?;
+        let ctopic = cstring("topic", topic)?;
+        let values = ByteColumn::import(&values, "value")?;
+        let keys = keys.map(|k| ByteColumn::import(&k, "key")).transpose()?;
+        if let Some(k) = &keys {
+            if k.len() != values.len() {
+                return Err(NativeKafkaError::new_err(format!("{} keys for {} values", k.len(), values.len())));
+            }
+        }
+        Ok(py.detach(move || {
+            let c = c;
+            let rkt = unsafe { rd::rd_kafka_topic_new(c.0, ctopic.as_ptr(), ptr::null_mut()) };
+            if rkt.is_null() {
+                let err = unsafe { rd::rd_kafka_last_error() };
+                return (0, Some((err_name(err), err_text(err))));
+            }
+            let mut done = 0usize;
+            let mut failed = None;
+            while done < values.len() {
+                let (vptr, vlen) = ptr_len(values.get(done));
+                let (kptr, klen) = ptr_len(keys.as_ref().and_then(|k| k.get(done)));
+                let rc = unsafe {
+                    rd::rd_kafka_produce(rkt, -1, rd::RD_KAFKA_MSG_F_COPY as c_int, vptr as *mut c_void, vlen, kptr, klen,
+                                         ptr::null_mut())
+                };
+                if rc == 0 {
+                    done += 1;
+                    if done % 1000 == 0 {
+                        unsafe { rd::rd_kafka_poll(c.0, 0) };
+                    }
+                    continue;
+                }
+                match unsafe { rd::rd_kafka_last_error() } {
+                    rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__QUEUE_FULL => unsafe {
+                        rd::rd_kafka_poll(c.0, 100); // local queue full: bounded memory
+                    },
+                    err => {
+                        failed = Some((err_name(err), err_text(err)));
+                        break;
+                    }
+                }
+            }
+            unsafe {
+                rd::rd_kafka_poll(c.0, 0);
+                rd::rd_kafka_topic_destroy(rkt);
+            }
+            (done, failed)
+        }))
+    }
+
+    /// Serves delivery reports and client errors for up to `timeout_ms`.
+    fn poll(&self, py: Python<'_>, timeout_ms: i32) -> PyResult<()> {
+        let c = self.client()?;
+        py.detach(move || {
+            let c = c;
+            unsafe { rd::rd_kafka_poll(c.0, timeout_ms) };
+        });
+        Ok(())
+    }
+
+    /// Waits until every record is delivered or failed, up to `timeout_ms`; returns how many are left.
+    fn flush(&self, py: Python<'_>, timeout_ms: i32) -> PyResult<i32> {
+        let c = self.client()?;
+        Ok(py.detach(move || {
+            let c = c;
+            unsafe {
+                rd::rd_kafka_flush(c.0, timeout_ms);
+                rd::rd_kafka_outq_len(c.0)
+            }
+        }))
+    }
+
+    /// (failed records, records dropped with a failed transaction, client errors), as reported so far.
+    fn reports(&self) -> (Vec<Failure>, u64, Vec<KafkaErr>) {
+        (
+            self.reports.failures.lock().unwrap().clone(),
+            self.reports.purged.load(Ordering::Relaxed),
+            self.reports.client_errors.lock().unwrap().clone(),
+        )
+    }
+
+    /// Destroys the client now: threads and sockets go, an open transaction stays open (librdkafka's
+    /// destroy sends no EndTxn), to be ended by whoever holds the branch's handle.
+    fn release(&mut self, py: Python<'_>) {
+        if let Some(c) = self.client.take() {
+            py.detach(move || {
+                let c = c;
+                unsafe { rd::rd_kafka_destroy(c.0) }
+            });
+        }
+    }
+}
+
+impl Drop for BranchProducer {
+    fn drop(&mut self) {
+        if let Some(c) = self.client.take() {
+            unsafe { rd::rd_kafka_destroy(c.0) };
+        }
+    }
+}
