@@ -243,7 +243,8 @@ class BranchWriter:
         hdrs = [(k, v.encode() if isinstance(v, str) else v) for k, v in headers] if headers else None
         failed = self._producer.produce(topic, value, key, part, hdrs)
         if failed is not None:
-            raise self._refused(*failed, topic, partition)
+            name, text = failed
+            raise self._refused(name, text, topic, partition)
         self._records += 1
 
     def send_columns(self, topic: str, keys: Any, values: Any) -> None:
@@ -252,7 +253,8 @@ class BranchWriter:
         added, failed = self._producer.produce_columns(topic, keys, values)
         self._records += added
         if failed is not None:
-            raise self._refused(*failed, topic, None)
+            name, text = failed
+            raise self._refused(name, text, topic, None)
 
     def prepare(self, flush_timeout_s: float = 300.0, admin: Any = None) -> BranchHandle:
         """Flushes every record into the still-open transaction and returns the branch handle.

@@ -42,3 +42,28 @@ def test_a_closed_consumer_refuses_calls() -> None:
     consumer.close()
     with pytest.raises(NativeKafkaError, match="closed"):
         consumer.assign("t", 0, 0)
+
+
+def test_the_branch_producer_names_a_refused_setting() -> None:
+    from lastagent._native import BranchProducer
+
+    with pytest.raises(NativeKafkaError, match="no.such.setting"):
+        BranchProducer([("bootstrap.servers", "127.0.0.1:1"), ("no.such.setting", "1")])
+
+
+def test_produce_columns_takes_binary_or_string_columns_only() -> None:
+    import pyarrow as pa
+
+    from lastagent._native import BranchProducer
+
+    producer = BranchProducer([("bootstrap.servers", "127.0.0.1:1")])
+    try:
+        with pytest.raises(NativeKafkaError, match="value: an Arrow Int64 column; binary or string expected"):
+            producer.produce_columns("t", None, pa.array([1, 2]))
+        with pytest.raises(NativeKafkaError, match="1 keys for 2 values"):
+            producer.produce_columns("t", pa.array([b"k"]), pa.array([b"a", b"b"]))
+        # Queued locally (no broker needed): string and binary columns, nulls as null keys/values.
+        added, failed = producer.produce_columns("t", pa.array(["k", None]), pa.array([b"v", None]))
+        assert (added, failed) == (2, None)
+    finally:
+        producer.release()
