@@ -62,6 +62,24 @@ fn err_text(err: rd::rd_kafka_resp_err_t) -> String {
     unsafe { text(rd::rd_kafka_err2str(err)) }
 }
 
+/// A librdkafka configuration from (name, value) pairs; the caller owns it. A setting librdkafka
+/// refuses is an error naming it.
+fn new_conf(settings: &[(String, String)]) -> PyResult<*mut rd::rd_kafka_conf_t> {
+    unsafe {
+        let conf = rd::rd_kafka_conf_new();
+        let mut errbuf = [0 as c_char; 512];
+        for (name, value) in settings {
+            let (cname, cvalue) = (cstring(name, name)?, cstring(name, value)?);
+            let res = rd::rd_kafka_conf_set(conf, cname.as_ptr(), cvalue.as_ptr(), errbuf.as_mut_ptr(), errbuf.len());
+            if res != rd::rd_kafka_conf_res_t::RD_KAFKA_CONF_OK {
+                rd::rd_kafka_conf_destroy(conf);
+                return Err(NativeKafkaError::new_err(format!("{name}: {}", text(errbuf.as_ptr()))));
+            }
+        }
+        Ok(conf)
+    }
+}
+
 /// Why a `next_batch` call returned.
 enum Stop {
     /// The batch holds `max_rows` records.
@@ -333,16 +351,8 @@ impl RangeConsumer {
     #[new]
     fn new(settings: Vec<(String, String)>) -> PyResult<Self> {
         unsafe {
-            let conf = rd::rd_kafka_conf_new();
+            let conf = new_conf(&settings)?;
             let mut errbuf = [0 as c_char; 512];
-            for (name, value) in &settings {
-                let (cname, cvalue) = (cstring(name, name)?, cstring(name, value)?);
-                let res = rd::rd_kafka_conf_set(conf, cname.as_ptr(), cvalue.as_ptr(), errbuf.as_mut_ptr(), errbuf.len());
-                if res != rd::rd_kafka_conf_res_t::RD_KAFKA_CONF_OK {
-                    rd::rd_kafka_conf_destroy(conf);
-                    return Err(NativeKafkaError::new_err(format!("{name}: {}", text(errbuf.as_ptr()))));
-                }
-            }
             let rk = rd::rd_kafka_new(rd::rd_kafka_type_t::RD_KAFKA_CONSUMER, conf, errbuf.as_mut_ptr(), errbuf.len());
             if rk.is_null() {
                 rd::rd_kafka_conf_destroy(conf); // not taken over on failure

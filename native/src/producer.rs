@@ -20,7 +20,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyTuple};
 use rdkafka_sys as rd;
 
-use crate::{cstring, err_name, err_text, text, NativeKafkaError};
+use crate::{cstring, err_name, err_text, new_conf, text, NativeKafkaError};
 
 /// A librdkafka error as Python sees it: (name, text).
 type KafkaErr = (String, String);
@@ -163,16 +163,8 @@ impl BranchProducer {
     fn new(settings: Vec<(String, String)>) -> PyResult<Self> {
         let reports = Arc::new(Reports::default());
         unsafe {
-            let conf = rd::rd_kafka_conf_new();
+            let conf = new_conf(&settings)?;
             let mut errbuf = [0 as c_char; 512];
-            for (name, value) in &settings {
-                let (cname, cvalue) = (cstring(name, name)?, cstring(name, value)?);
-                let res = rd::rd_kafka_conf_set(conf, cname.as_ptr(), cvalue.as_ptr(), errbuf.as_mut_ptr(), errbuf.len());
-                if res != rd::rd_kafka_conf_res_t::RD_KAFKA_CONF_OK {
-                    rd::rd_kafka_conf_destroy(conf);
-                    return Err(NativeKafkaError::new_err(format!("{name}: {}", text(errbuf.as_ptr()))));
-                }
-            }
             rd::rd_kafka_conf_set_opaque(conf, Arc::as_ptr(&reports) as *mut c_void);
             rd::rd_kafka_conf_set_dr_msg_cb(conf, Some(on_delivery));
             rd::rd_kafka_conf_set_error_cb(conf, Some(on_error));
@@ -239,28 +231,17 @@ impl BranchProducer {
                     }
                     _ => ptr::null_mut(),
                 };
-                let err = if hdrs.is_null() {
-                    rd::rd_kafka_producev(
-                        c.0,
-                        rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_TOPIC as c_int, ctopic.as_ptr(),
-                        rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_PARTITION as c_int, partition,
-                        rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_VALUE as c_int, vptr as *mut c_void, vlen,
-                        rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_KEY as c_int, kptr, klen,
-                        rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_MSGFLAGS as c_int, rd::RD_KAFKA_MSG_F_COPY as c_int,
-                        rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_END as c_int,
-                    )
-                } else {
-                    rd::rd_kafka_producev(
-                        c.0,
-                        rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_TOPIC as c_int, ctopic.as_ptr(),
-                        rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_PARTITION as c_int, partition,
-                        rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_VALUE as c_int, vptr as *mut c_void, vlen,
-                        rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_KEY as c_int, kptr, klen,
-                        rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_MSGFLAGS as c_int, rd::RD_KAFKA_MSG_F_COPY as c_int,
-                        rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_HEADERS as c_int, hdrs,
-                        rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_END as c_int,
-                    )
-                };
+                // A null headers list means none (librdkafka's producev takes it so).
+                let err = rd::rd_kafka_producev(
+                    c.0,
+                    rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_TOPIC as c_int, ctopic.as_ptr(),
+                    rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_PARTITION as c_int, partition,
+                    rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_VALUE as c_int, vptr as *mut c_void, vlen,
+                    rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_KEY as c_int, kptr, klen,
+                    rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_MSGFLAGS as c_int, rd::RD_KAFKA_MSG_F_COPY as c_int,
+                    rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_HEADERS as c_int, hdrs,
+                    rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_END as c_int,
+                );
                 if err != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && !hdrs.is_null() {
                     rd::rd_kafka_headers_destroy(hdrs); // not taken over on failure
                 }
