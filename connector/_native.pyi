@@ -4,6 +4,9 @@ from typing import Any
 
 class NativeKafkaError(Exception): ...
 
+class SettingRefused(NativeKafkaError):
+    """librdkafka refused a setting: ``args`` are (name, librdkafka's text)."""
+
 class ArrowBatch:
     """One batch of records; ``pyarrow.record_batch(batch)`` imports it (Arrow PyCapsule protocol)."""
 

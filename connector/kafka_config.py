@@ -509,6 +509,12 @@ def _pkcs12(store: Store) -> tuple[Any, Any, list[Any]]:
     return _guarded(store, load)
 
 
+def as_librdkafka_strings(config: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(name, value) pairs for ``lastagent._native``: librdkafka takes strings, booleans as
+    "true"/"false" (as confluent-kafka passes them). Driver or executor."""
+    return [(k, ("true" if v else "false") if isinstance(v, bool) else str(v)) for k, v in config.items()]
+
+
 def _trusted_pem(store: Store) -> str:
     """The trusted CA certificates of a PEM-text or PKCS12 trust store, as PEM text."""
     if store.kind == "pem-text":

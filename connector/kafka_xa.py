@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from lastagent import faults
 from lastagent.errors import KafkaProtocolError, LastAgentError
-from lastagent.kafka_config import KafkaConfig, access_hint
+from lastagent.kafka_config import KafkaConfig, access_hint, as_librdkafka_strings
 from lastagent.kafka_wire import TransactionCoordinatorClient, admin_client, explain
 
 log = logging.getLogger("lastagent.kafka")
@@ -178,9 +178,8 @@ class BranchWriter:
         config = producer_config(client_config, transactional_id, timeout_ms)
         # Delivery reports for failures only: success is what flush() already tells us.
         config["delivery.report.only.error"] = True
-        settings = [(k, ("true" if v else "false") if isinstance(v, bool) else str(v)) for k, v in config.items()]
         try:
-            self._producer: Any = BranchProducer(settings)  # None once released
+            self._producer: Any = BranchProducer(as_librdkafka_strings(config))  # None once released
         except NativeKafkaError as exc:
             raise BranchError(f"branch {transactional_id}: {exc}") from exc
         # init_transactions fences any older producer of this id and aborts its open

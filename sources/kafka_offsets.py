@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lastagent.kafka_config import access_hint
+from lastagent.kafka_config import access_hint, as_librdkafka_strings
 from lastagent.errors import DataLossError, KafkaProtocolError, OptionError
 from lastagent.sources.kafka_source_options import KafkaSourceOptions
 
@@ -285,16 +285,17 @@ _CONSUMER_ONLY = {"group.id", "isolation.level", "fetch.min.bytes", "fetch.max.b
 
 
 def _checked_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """Validates kafka.* settings against librdkafka: an unknown one is an error naming it."""
-    from confluent_kafka import Consumer, KafkaException
+    """Validates kafka.* settings against the librdkafka the tasks use (``lastagent._native``):
+    one it refuses is an error naming it, at query start. Driver side."""
+    from lastagent._native import NativeKafkaError, RangeConsumer, SettingRefused
 
     probe = dict(config, **{"group.id": config.get("group.id", "lastagent-probe")})
     try:
-        Consumer(probe).close()
-    except KafkaException as e:
-        text = _kafka_error(e)
-        m = re.search(r'property: "([^"]+)"', text) or re.search(r'"([^"]+)"', text)
-        name = f"kafka.{m.group(1)}" if m else "kafka.*"
-        raise OptionError(name, f"rejected by the Kafka client: {text}. Give librdkafka consumer settings "
-                                "(https://github.com/confluentinc/librdkafka/blob/master/CONFIGURATION.md)") from None
+        RangeConsumer(as_librdkafka_strings(probe)).close()
+    except SettingRefused as e:
+        raise OptionError(f"kafka.{e.args[0]}", f"rejected by the Kafka client: {e.args[1]}. Give librdkafka "
+                                                "consumer settings (https://github.com/confluentinc/librdkafka/"
+                                                "blob/master/CONFIGURATION.md)") from None
+    except NativeKafkaError as e:
+        raise OptionError("kafka.*", f"the Kafka client could not start with these settings: {e}") from None
     return dict(config)

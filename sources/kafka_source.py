@@ -5,7 +5,7 @@
   control (``maxOffsetsPerTrigger`` → :class:`ReadMaxRows`), detects data loss, and commits
   processed offsets to ``kafka.group.id`` when one is set.
 * :func:`read_range` runs on executors, one Spark task per offset range: it reads the range
-  with a reused confluent-kafka consumer and yields pyarrow record batches of at most
+  with a reused librdkafka consumer of ``lastagent._native``, straight into pyarrow record batches of at most
   ``maxRecordsPerArrowBatch`` rows, so a task's memory is bounded whatever the partition's size.
 
 Under ``read_committed`` (the default) the batch's end is the partition's last stable
@@ -37,7 +37,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from lastagent.kafka_config import KafkaConfig, access_hint
+from lastagent.kafka_config import KafkaConfig, access_hint, as_librdkafka_strings
 from lastagent.errors import DataLossError, KafkaProtocolError, OptionError
 from lastagent.sources.kafka_offsets import (
     TP,
@@ -326,22 +326,18 @@ class KafkaBatchReader(DataSourceReader):
 _IDLE: dict[tuple[tuple[str, str], ...], list[Any]] = {}
 
 
-def _setting(value: Any) -> str:
-    # librdkafka takes strings; booleans as "true"/"false", as confluent-kafka passes them.
-    return ("true" if value else "false") if isinstance(value, bool) else str(value)
-
-
 def _checkout(client: KafkaConfig, group_id_prefix: str = "lastagent-source") -> tuple[tuple[tuple[str, str], ...], Any]:
     """(key, consumer) for these settings: an idle one of this worker, or a new one. Executor.
 
     The consumer is the compiled ``lastagent._native.RangeConsumer`` (librdkafka into Arrow).
 
     Raises:
-        KafkaProtocolError: librdkafka refused a setting or could not create the client.
+        OptionError: librdkafka refused a ``kafka.*`` setting (named).
+        KafkaProtocolError: librdkafka could not create the client.
     """
-    from lastagent._native import NativeKafkaError, RangeConsumer
+    from lastagent._native import NativeKafkaError, RangeConsumer, SettingRefused
 
-    config = {k: _setting(v) for k, v in client.librdkafka().items()}
+    config = dict(as_librdkafka_strings(client.librdkafka()))
     key = tuple(sorted(config.items())) + (("groupIdPrefix", group_id_prefix),)
     idle = _IDLE.get(key)
     if idle:
@@ -364,6 +360,8 @@ def _checkout(client: KafkaConfig, group_id_prefix: str = "lastagent-source") ->
     }
     try:
         return key, RangeConsumer(list(settings.items()))
+    except SettingRefused as e:
+        raise OptionError(f"kafka.{e.args[0]}", f"rejected by the Kafka client: {e.args[1]}") from None
     except NativeKafkaError as e:
         raise KafkaProtocolError(f"the source's Kafka consumer: {e}") from e
 

@@ -29,6 +29,7 @@ use rdkafka_sys as rd;
 mod producer;
 
 create_exception!(_native, NativeKafkaError, PyException, "librdkafka refused a call (the message says which).");
+create_exception!(_native, SettingRefused, NativeKafkaError, "librdkafka refused a setting: args are (name, librdkafka's text).");
 
 /// Messages taken from librdkafka's queue per call (as confluent-kafka's `consume()` batches).
 const CHUNK: usize = 10_000;
@@ -73,7 +74,7 @@ fn new_conf(settings: &[(String, String)]) -> PyResult<*mut rd::rd_kafka_conf_t>
             let res = rd::rd_kafka_conf_set(conf, cname.as_ptr(), cvalue.as_ptr(), errbuf.as_mut_ptr(), errbuf.len());
             if res != rd::rd_kafka_conf_res_t::RD_KAFKA_CONF_OK {
                 rd::rd_kafka_conf_destroy(conf);
-                return Err(NativeKafkaError::new_err(format!("{name}: {}", text(errbuf.as_ptr()))));
+                return Err(SettingRefused::new_err((name.clone(), text(errbuf.as_ptr()))));
             }
         }
         Ok(conf)
@@ -480,5 +481,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<producer::BranchProducer>()?;
     m.add_function(wrap_pyfunction!(librdkafka_version, m)?)?;
     m.add("NativeKafkaError", m.py().get_type::<NativeKafkaError>())?;
+    m.add("SettingRefused", m.py().get_type::<SettingRefused>())?;
     Ok(())
 }

@@ -39,6 +39,11 @@ struct Reports {
 
 const KEEP_FAILURES: usize = 16;
 
+extern "C" {
+    #[link_name = "rd_kafka_err2name"]
+    fn err2name_raw(err: c_int) -> *const c_char;
+}
+
 unsafe extern "C" fn on_delivery(_rk: *mut rd::rd_kafka_t, m: *const rd::rd_kafka_message_t, opaque: *mut c_void) {
     // delivery.report.only.error: called (from poll/flush) for failed records only.
     let reports = &*(opaque as *const Reports);
@@ -66,13 +71,13 @@ unsafe extern "C" fn on_delivery(_rk: *mut rd::rd_kafka_t, m: *const rd::rd_kafk
 unsafe extern "C" fn on_error(_rk: *mut rd::rd_kafka_t, err: c_int, reason: *const c_char, opaque: *mut c_void) {
     // librdkafka reports a refused login or TLS handshake only here, and keeps retrying.
     let reports = &*(opaque as *const Reports);
-    // The code comes from librdkafka itself, so it is one of the enum's values.
-    let code: rd::rd_kafka_resp_err_t = std::mem::transmute(err);
     let mut errors = reports.client_errors.lock().unwrap();
     if errors.len() >= KEEP_FAILURES {
         errors.remove(0);
     }
-    errors.push((err_name(code), text(reason)));
+    // The code as the int librdkafka passed: no conversion to the bindings' enum, which may not
+    // list every code.
+    errors.push((text(err2name_raw(err)), text(reason)));
 }
 
 #[derive(Clone, Copy)]
