@@ -270,3 +270,57 @@ def test_random_histories_keep_the_invariants(seed):
         assert state.active is None or limits.default_max_idle is None or state.active.has_params, \
             "only a group no rule can end may stay"
         assert not state.retired and state.singleton_until is None, "state left after every deadline passed"
+
+
+# -- the short way for plain messages ------------------------------------------------------------------
+
+
+def _fold_plain(state, seqs, expiries, now, limits):
+    """receive, one message at a time: what receive_plain must equal."""
+    before, outcomes = [], []
+    for i, (seq, expiry) in enumerate(zip(seqs, expiries)):
+        state, actions = receive(state, Message(G, seq, expiry, ref=("batch", i)), now, limits)
+        mine = [a for a in actions if isinstance(a, (Deliver, Duplicate, Refuse)) and a.message.ref == ("batch", i)]
+        others = [a for a in actions if a not in mine]
+        assert len(mine) == 1 and (not others or i == 0), (actions, i)  # timers act before the first only
+        before.extend(others)
+        a = mine[0]
+        outcomes.append("delivered" if isinstance(a, Deliver) else "duplicate" if isinstance(a, Duplicate)
+                        else (a.rule, a.reason))
+    return state, before, outcomes
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_plain_messages_take_the_short_way_to_the_same_state_and_outcomes(seed):
+    """receive_plain equals receive on each message, from states reached by random histories (every kind of
+    message, ordered or not, with parameters and ends) and over random plain batches with duplicates,
+    expired messages, gaps and clock steps; where it declines (None), the states are the ones it names."""
+    from lastagent.group_rules import receive_plain
+
+    rng = random.Random(1000 + seed)
+    took, declined = 0, 0
+    for _ in range(1000):
+        limits = Limits(default_max_idle=rng.choice([None, 3000]))
+        state, now = GroupState(G), 0
+        history = _history(rng)[:rng.randint(0, 6)]
+        for t, m in history:
+            state, _ = receive(state, m, t, limits)
+            now = t
+        for _ in range(rng.randint(1, 3)):
+            now += rng.choice([0, 1, 500, 3000, 20_000])
+            n = rng.randint(1, 8)
+            seqs = [rng.choice([-1, *range(10)]) if rng.random() < 0.05 else rng.randint(0, 9) for _ in range(n)]
+            seqs.sort()
+            expiries = [now + rng.choice([-5, 0, 1, 100, 4000, 10**6]) for _ in range(n)]
+            short = receive_plain(state, seqs, expiries, now, limits)
+            if short is None:
+                declined += 1
+                after, _ = advance(state, now, limits)
+                g = after.active
+                assert (g is None and after.retired) or (g is not None and (g.ordered or g.end is not None))
+                break
+            took += 1
+            expected = _fold_plain(state, seqs, expiries, now, limits)
+            assert short == expected, (state, seqs, expiries, now)
+            state = short[0]
+    assert took > 800 and declined > 100, (took, declined)  # both ways were taken often
