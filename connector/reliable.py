@@ -2,8 +2,8 @@
 at-least-once producers, by the WS-Reliability group rules of :mod:`lastagent.group_rules`.
 
 :func:`reliable_groups` runs on the driver and returns a DataFrame; the rules run on the
-executors in a ``transformWithState`` operator, one state entry per group id in Spark's state
-store (RocksDB), so the groups' state is part of the query's checkpoint and replays with the
+executors in a ``transformWithStateInPandas`` operator whose keys are buckets of group ids (64), the
+groups' state in Spark's state store (RocksDB), so it is part of the query's checkpoint and replays with the
 epochs the lastagent sinks commit. The rules' clock is the time of the micro-batch (Spark keeps it
 in its offset log: a replayed batch sees the same clock and makes the same decisions); timers fire
 on an event-time watermark that follows it, so time moves with micro-batches that carry rows,
@@ -24,7 +24,7 @@ import datetime as dt
 import pickle
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lastagent import group_rules
@@ -268,8 +268,8 @@ def reliable_groups(df: DataFrame, *, headers: Mapping[str, str] | None = None,
 
     settings = Settings.parse(headers=headers, columns=columns, headers_column=headers_column, ordered=ordered,
                               default_expiry=default_expiry, default_max_idle=default_max_idle, name=name)
-    if not hasattr(df.groupBy(), "transformWithState"):
-        raise LastAgentError("lastagent.reliable_groups needs pyspark 4.1 or newer (transformWithState)")
+    if not hasattr(df.groupBy(), "transformWithStateInPandas"):
+        raise LastAgentError("lastagent.reliable_groups needs pyspark 4.1 or newer (transformWithStateInPandas)")
     provider = df.sparkSession.conf.get(_PROVIDER, None)
     # Only Spark's HDFS-backed store (its default) is known to lack what transformWithState needs; any other
     # provider (a runtime's own RocksDB store) is Spark's to accept or refuse when the query starts.
@@ -318,16 +318,21 @@ def reliable_groups(df: DataFrame, *, headers: Mapping[str, str] | None = None,
     # The rules' clock: the micro-batch's time (Spark keeps it in the offset log, so a replay sees it again),
     # as an event-time column whose watermark fires the timers. Shifted by a day with a day's delay, the
     # watermark is the previous batch's time and no row is ever late, even if the wall clock steps back.
+    has_timestamp = "timestamp" in types and isinstance(types["timestamp"], TimestampType)
+    if has_timestamp:
+        extracted.append(F.unix_millis(F.col("timestamp")).alias(_BASE))
+    # Ties between copies of one number are broken by Kafka partition and offset, when the input has them.
+    order = tuple(c for c in ("partition", "offset") if c in types and isinstance(types[c], IntegralType))
     keyed = (df.select("*", *extracted)
              .withColumn(_KEY, F.coalesce(F.col(_PREFIX + "GroupId"), F.lit("")))
+             .withColumn(_BUCKET, F.pmod(F.xxhash64(F.col(_KEY)), F.lit(BUCKETS)).cast("int"))
              .withColumn(_NOW, F.unix_millis(F.current_timestamp()))
              .withColumn(_CLOCK, F.current_timestamp() + F.expr("INTERVAL 1 DAY"))
              .withWatermark(_CLOCK, "1 day"))
     payload = [StructField(f.name, f.dataType, True) for f in df.schema.fields]
     extra = [StructField(c, StringType(), True) for c in (REFUSED_RULE, REFUSED_REASON, _OUTCOME)]
-    out = keyed.groupBy(_KEY).transformWithState(
-        _GroupProcessor(settings, tuple(df.columns), "timestamp" in types and isinstance(types["timestamp"],
-                                                                                          TimestampType)),
+    out = keyed.groupBy(_BUCKET).transformWithStateInPandas(
+        _BucketProcessor(settings, tuple(df.columns), tuple(keyed.columns), has_timestamp, order),
         StructType(payload + extra), "Append", "EventTime")
     counts = [F.count_if(F.col(_OUTCOME) == F.lit(o)).alias(o) for o in OUTCOMES]
     return (out.observe(settings.name, *counts)
@@ -344,151 +349,319 @@ def _last_header(headers_column: str, name: str) -> Any:
 
 # -- the processor (executor) ------------------------------------------------------------------------
 
+#: Group ids are spread over this many keys of the stateful operator (``xxhash64`` of the id). Spark's
+#: Python operator pays a fixed cost per key and micro-batch (a call, state round trips to the JVM): one
+#: key per group id caps the step near 15,000 rows/s whatever the rules do (docs/benchmarks.md). Fixed:
+#: it decides where each group's state is, so a checkpoint holds it in every stored value, checked on load.
+BUCKETS = 64
+_BUCKET = "_lastagent_bucket"
+_BASE = "_lastagent_base"  # the record's Kafka timestamp, ms (the base of default_expiry)
+_STATE_VERSION = 2
+_SEQ_FAST = r"\d{1,18}"  # fits int64: longer numbers take the rules' own parsing
+_TIME_FAST = r"-?\d{1,18}"
 
-def _group_of(key: Any) -> str:
-    """The group id of Spark's grouping key (a tuple of the one grouping column)."""
-    return str(key[0] if isinstance(key, (tuple, list)) else key)
+
+@dataclass
+class _Output:
+    """One call's output in order: rows of the call's frame (by position), held rows of earlier batches (a
+    one-row frame each) and rows that only count (duplicates, terminations, removals)."""
+
+    pieces: list[tuple[Any, str, str | None, str | None]]  # (position or one-row frame, outcome, rule, reason)
+    counts: list[tuple[str, str | None]]  # (outcome, rule)
 
 
-class _GroupProcessor(StatefulProcessor):
-    """The rules of one group id per call, state in Spark's state store. Executor side.
+def _decode_bucket(data: bytes) -> tuple[int | None, dict[str, list[Any]]]:
+    """A bucket's stored value: its registered timer and its groups' ``[deadline, state fields]``.
 
-    State per group id: ``group`` (the encoded :class:`~lastagent.group_rules.GroupState`) and
-    ``held`` (an ordered group's held messages' rows, by sequence number). One event-time
-    timer (on the watermark that follows the micro-batches' time), at the group's next deadline.
+    Raises:
+        LastAgentError: the value was written by another version of the step, or with another number of
+            buckets (its groups' state would not be found where this version looks).
+    """
+    import json
+
+    f = json.loads(data)
+    if not isinstance(f, list) or len(f) != 4 or f[0] != _STATE_VERSION:
+        raise LastAgentError(f"the stored state of lastagent.reliable_groups is not version {_STATE_VERSION}; "
+                             "this checkpoint was written by another version of the step")
+    if f[1] != BUCKETS:
+        raise LastAgentError(f"this checkpoint's reliable groups are spread over {f[1]} buckets and this "
+                             f"version of the step uses {BUCKETS}; group state would not be found: resume it "
+                             "with the version that wrote it")
+    return f[2], f[3]
+
+
+def kept_groups(spark: Any, checkpoint: str) -> dict[str, group_rules.GroupState]:
+    """The group ids whose state a query's checkpoint keeps (terminated groups kept for duplicate checks
+    included), with that state, from Spark's state reader. Driver side; run it while the query is stopped."""
+    rows = (spark.read.format("statestore").option("stateVarName", "groups").load(checkpoint)
+            .select("value.state").collect())
+    kept = {}
+    for row in rows:
+        _, groups = _decode_bucket(bytes(row[0]))
+        kept.update({g: group_rules.from_fields(g, f) for g, (_, f) in groups.items()})
+    return kept
+
+
+class _BucketProcessor(StatefulProcessor):
+    """The rules for the group ids of one bucket per call, state in Spark's state store. Executor side.
+
+    State per bucket: ``groups``, one value: ``[version, BUCKETS, registered timer, {group id: [deadline,
+    state]}]`` (compact JSON; the state as :func:`lastagent.group_rules.to_fields` gives it), and ``held``, an
+    ordered group's held messages' rows by (group id, sequence number). One event-time timer per bucket (on
+    the watermark that follows the micro-batches' time), at the earliest deadline of its groups.
     """
 
-    def __init__(self, settings: Settings, payload: tuple[str, ...], has_timestamp: bool) -> None:
-        self.settings, self.payload, self.has_timestamp = settings, payload, has_timestamp
+    def __init__(self, settings: Settings, payload: tuple[str, ...], columns: tuple[str, ...], has_timestamp: bool,
+                 order: tuple[str, ...]) -> None:
+        self.settings, self.payload, self.has_timestamp, self.order = settings, payload, has_timestamp, order
+        self.columns = columns
         self.limits = group_rules.Limits(settings.default_max_idle)
 
     def init(self, handle: Any) -> None:
         self.handle = handle
-        self.state = handle.getValueState("group", "state binary")
-        self.held = handle.getMapState("held", "seq long", "row binary")
-
-    # -- rows
-
-    def _row(self, values: tuple[Any, ...] | None, outcome: str, rule: str | None = None,
-             reason: str | None = None) -> Any:
-        from pyspark.sql import Row
-
-        cells = dict(zip(self.payload, values if values is not None else (None,) * len(self.payload)))
-        return Row(**cells, **{REFUSED_RULE: rule, REFUSED_REASON: reason, _OUTCOME: outcome})
-
-    def _parse(self, row: Any, now: int) -> group_rules.Message:
-        fields = {f: row[_PREFIX + f] for f in FIELDS}
-        base = None
-        if self.has_timestamp and row["timestamp"] is not None:
-            base = int(row["timestamp"].timestamp() * 1000)
-        return message(fields, now, self.settings.default_expiry, base, self.settings.ordered, None)
+        self.state = handle.getValueState("groups", "state binary")
+        self.held = handle.getMapState("held", "group string, seq long", "row binary")
 
     # -- state
 
-    def _load(self, group: str) -> group_rules.GroupState:
+    def _load(self) -> tuple[int | None, dict[str, list[Any]]]:
+        """The bucket's registered timer and its groups' ``[deadline, state fields]``."""
         stored = self.state.get()
-        return group_rules.GroupState(group) if stored is None else group_rules.decode(group, bytes(stored[0]))
+        return (None, {}) if stored is None else _decode_bucket(bytes(stored[0]))
 
-    def _store(self, before: group_rules.GroupState, state: group_rules.GroupState, timer: int | None) -> None:
-        """Writes ``state`` and moves the group's one timer from ``timer`` (None: none is registered) to
-        the next deadline. Each state-store call is a round trip to the JVM: only changes are written."""
-        if state.empty:
-            if not before.empty:
-                self.state.clear()
-                self.held.clear()
-        elif state != before:
-            self.state.update((group_rules.encode(state),))
-        due = group_rules.deadline(state, self.limits)
+    def _store(self, timer: int | None, groups: dict[str, list[Any]]) -> None:
+        """Writes the groups and moves the bucket's one timer from ``timer`` (None: none registered) to the
+        earliest deadline."""
+        import json
+
+        due = min((d for d, _ in groups.values() if d is not None), default=None)
         if due != timer:
             if timer is not None:
                 self.handle.deleteTimer(timer)
             if due is not None:
                 self.handle.registerTimer(due)
+        if groups:
+            self.state.update((json.dumps([_STATE_VERSION, BUCKETS, due, groups], separators=(",", ":")).encode(),))
+        else:
+            self.state.clear()
 
-    def _emit(self, actions: list[group_rules.Action], rows: list[tuple[Any, ...]],
-              pending: dict[int, tuple[Any, ...]]) -> Iterator[Any]:
-        """Output rows for the rules' actions. A message is a row of this call (``ref`` its index) or a
-        held one from an earlier batch (its row in ``held``, by sequence number)."""
-        def values(m: group_rules.Message) -> tuple[Any, ...]:
+    def _put(self, groups: dict[str, list[Any]], state: group_rules.GroupState) -> None:
+        if state.empty:
+            groups.pop(state.group, None)
+        else:
+            groups[state.group] = [group_rules.deadline(state, self.limits), group_rules.to_fields(state)]
+
+    # -- output
+
+    def _emit(self, actions: list[group_rules.Action], out: _Output, pending: dict[int, int]) -> None:
+        """Output for the rules' actions. A message is a row of this call (``ref`` its position) or a held one
+        from an earlier batch (its row in ``held``); ``pending`` holds this call's held rows by number."""
+        import pandas as pd
+
+        def row(m: group_rules.Message) -> Any:
             if isinstance(m.ref, int):  # a row of this call; if it was held here, it is held no more
                 if m.seq is not None:
                     pending.pop(m.seq, None)
-                return rows[m.ref]
+                return m.ref
             if m.seq is not None and m.seq in pending:
                 return pending.pop(m.seq)
-            stored = self.held.getValue((m.seq,))
+            key = (m.group, m.seq)
+            stored = self.held.getValue(key)
             if stored is None:
                 raise LastAgentError(f"group {m.group!r}: held message {m.seq} has no stored row; the state store "
                                      "is inconsistent with the group's state")
-            self.held.removeKey((m.seq,))
-            return pickle.loads(bytes(stored[0]))
+            self.held.removeKey(key)
+            frame = pickle.loads(bytes(stored[0]))
+            assert isinstance(frame, pd.DataFrame)
+            return frame
 
         for a in actions:
             if isinstance(a, group_rules.Deliver):
-                yield self._row(values(a.message), "delivered")
+                out.pieces.append((row(a.message), "delivered", None, None))
             elif isinstance(a, group_rules.Refuse):
-                yield self._row(values(a.message), "refused", a.rule, a.reason)
+                out.pieces.append((row(a.message), "refused", a.rule, a.reason))
             elif isinstance(a, group_rules.Hold):
                 assert isinstance(a.message.ref, int) and a.message.seq is not None
-                pending[a.message.seq] = rows[a.message.ref]
+                pending[a.message.seq] = a.message.ref
             elif isinstance(a, group_rules.Duplicate):
-                yield self._row(None, "duplicate")
+                out.counts.append(("duplicate", None))
             elif isinstance(a, group_rules.Terminate):
-                yield self._row(None, "terminated", a.rule)
+                out.counts.append(("terminated", a.rule))
             else:
-                yield self._row(None, "removed", a.rule)
+                out.counts.append(("removed", a.rule))
 
-    def _keep_held(self, pending: dict[int, tuple[Any, ...]]) -> None:
-        for seq, values in pending.items():
-            self.held.updateValue((seq,), (pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL),))
+    def _frames(self, frame: Any, out: _Output) -> Iterator[Any]:
+        """The output frames: the call's rows and held rows in the rules' order (an ordered group's
+        deliveries stay in sequence order), then the rows that only count."""
+        import pandas as pd
+
+        extra: dict[str, list[str | None]] = {REFUSED_RULE: [], REFUSED_REASON: [], _OUTCOME: []}
+        chunk: list[int] = []
+        parts = []
+
+        def flush() -> None:
+            if chunk:
+                parts.append(frame.iloc[chunk][list(self.payload)])
+                chunk.clear()
+
+        for what, outcome, rule, reason in out.pieces:
+            if isinstance(what, int):
+                chunk.append(what)
+            else:
+                flush()
+                parts.append(what)
+            extra[REFUSED_RULE].append(rule)
+            extra[REFUSED_REASON].append(reason)
+            extra[_OUTCOME].append(outcome)
+        flush()
+        if parts:
+            rows = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0].reset_index(drop=True)
+            yield rows.assign(**extra)
+        if out.counts:
+            n = len(out.counts)
+            nulls = {c: pd.Series([None] * n, dtype=object) for c in self.payload}
+            yield pd.DataFrame({**nulls, REFUSED_RULE: [r for _, r in out.counts], REFUSED_REASON: [None] * n,
+                                _OUTCOME: [o for o, _ in out.counts]})
+
+    # -- the rules
+
+    def _slow(self, frame: Any, fields: dict[str, list[Any]], positions: list[int], state: group_rules.GroupState,
+              now: int, out: _Output) -> group_rules.GroupState:
+        """One group's messages of this call through :func:`lastagent.group_rules.receive`, one by one, in a
+        deterministic order: by sequence number, then by Kafka partition and offset when the input has them."""
+        import pandas as pd
+
+        parsed: list[tuple[int, group_rules.Message | str]] = []
+        for i in positions:
+            base = fields[_BASE][i] if self.has_timestamp else None
+            try:
+                parsed.append((i, message({f: fields[_PREFIX + f][i] for f in FIELDS}, now,
+                                          self.settings.default_expiry,
+                                          None if base is None or pd.isna(base) else int(base), self.settings.ordered,
+                                          i)))
+            except ValueError as exc:
+                parsed.append((i, str(exc)))
+
+        def rank(item: tuple[int, group_rules.Message | str]) -> tuple[Any, ...]:
+            i, m = item
+            seq = m.seq if isinstance(m, group_rules.Message) and m.seq is not None else -1
+            return (seq, *(fields[c][i] for c in self.order))
+
+        parsed.sort(key=rank)
+        pending: dict[int, int] = {}
+        for i, m in parsed:
+            if isinstance(m, str):
+                out.pieces.append((i, "refused", "invalid-message", m))
+                continue
+            state, actions = group_rules.receive(state, m, now, self.limits)
+            self._emit(actions, out, pending)
+        for seq, i in pending.items():
+            self.held.updateValue((state.group, seq), (pickle.dumps(frame.iloc[[i]][list(self.payload)],
+                                                                     protocol=pickle.HIGHEST_PROTOCOL),))
+        return state
+
+    def _plain(self, frame: Any) -> tuple[Any, Any, Any]:
+        """Which rows are plain (a number, an ``ExpiryTime``, nothing else; unordered), with their numbers and
+        ``ExpiryTime`` as int64 arrays (-1 and 0 for the others). Vectorised: most rows take this way."""
+        import numpy as np
+        import pandas as pd
+
+        def text(f: str) -> Any:
+            return frame[_PREFIX + f]
+
+        seq_text = text("SequenceNumber")
+        plain = (frame[_KEY] != "").to_numpy() & seq_text.notna().to_numpy()
+        for f in ("Status", "GroupExpiryTime", "GroupMaxIdleDuration"):
+            plain &= text(f).isna().to_numpy()
+        if self.settings.ordered is True:
+            plain &= False
+        elif self.settings.ordered is None:
+            o = text("Ordered")
+            plain &= (o.isna() | (o.str.lower() == "false")).to_numpy()
+        plain &= seq_text.str.fullmatch(_SEQ_FAST).fillna(False).to_numpy(dtype=bool)
+        expiry_text = text("ExpiryTime")
+        given = expiry_text.notna().to_numpy()
+        plain &= ~given | expiry_text.str.fullmatch(_TIME_FAST).fillna(False).to_numpy(dtype=bool)
+        seqs = np.where(plain, pd.to_numeric(seq_text.where(plain, "-1")), -1).astype(np.int64)
+        expiries = np.where(given & plain, pd.to_numeric(expiry_text.where(given & plain, "0")), 0).astype(np.int64)
+        missing = plain & ~given
+        if missing.any():
+            if self.settings.default_expiry is None:
+                plain &= given  # refused by the rules' parsing, with its reason
+            else:
+                now = frame[_NOW].to_numpy(dtype=np.int64)
+                base = now
+                if self.has_timestamp:
+                    b = frame[_BASE]
+                    base = np.where(b.notna().to_numpy(), b.fillna(0).to_numpy(dtype=np.int64), now)
+                expiries = np.where(missing, base + self.settings.default_expiry, expiries)
+        return plain, seqs, expiries
 
     # -- Spark's calls
 
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:  # noqa: N802, N803
-        """One batch's messages of one group id, in a deterministic order: by sequence number, then by
-        Kafka partition and offset when the input has them (a replay decides as the first run did)."""
-        group = _group_of(key)
-        batch = list(rows)
-        now = batch[0][_NOW]  # the same in every row: the micro-batch's time
-        parsed: list[tuple[tuple[Any, ...], group_rules.Message | str]] = []
-        for row in batch:
-            values = tuple(row[c] for c in self.payload)
-            try:
-                parsed.append((values, self._parse(row, now)))
-            except ValueError as exc:
-                parsed.append((values, str(exc)))
-        order = [self.payload.index(c) for c in ("partition", "offset") if c in self.payload]
+        """One batch's messages of one bucket's group ids."""
+        import numpy as np
+        import pandas as pd
 
-        def rank(item: tuple[tuple[Any, ...], group_rules.Message | str]) -> tuple[Any, ...]:
-            values, m = item
-            seq = m.seq if isinstance(m, group_rules.Message) and m.seq is not None else -1
-            return (seq, *(values[j] or 0 for j in order))
-
-        parsed.sort(key=rank)
-        rows_now = [values for values, _ in parsed]
-        state = before = self._load(group)
-        pending: dict[int, tuple[Any, ...]] = {}
-        out = []
-        for i, (values, m) in enumerate(parsed):
-            if isinstance(m, str):
-                out.append(self._row(values, "refused", "invalid-message", m))
-                continue
-            m = replace(m, ref=i)  # its place in the sorted rows
-            state, actions = group_rules.receive(state, m, now, self.limits)
-            out.extend(self._emit(actions, rows_now, pending))
-        self._keep_held(pending)
-        # The registered timer is the deadline of the state as stored (both written only by _store).
-        self._store(before, state, group_rules.deadline(before, self.limits))
-        return iter(out)
+        frames = list(rows)
+        frame = (pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0].reset_index(drop=True))
+        if frame.empty:
+            return
+        # Spark hands the frame over with its own names for some columns (_4, _5 ... for ours): by position.
+        if len(frame.columns) != len(self.columns):
+            raise LastAgentError(f"lastagent.reliable_groups: the operator's input has {len(frame.columns)} columns, "
+                                 f"the plan {len(self.columns)}: {list(frame.columns)} vs {list(self.columns)}")
+        frame.columns = list(self.columns)
+        now = int(frame[_NOW].iat[0])  # the same in every row: the micro-batch's time
+        plain, seqs, expiries = self._plain(frame)
+        groups_col = frame[_KEY].to_numpy(dtype=object)
+        codes, names = pd.factorize(groups_col, sort=True)
+        keys = [*(frame[c].fillna(0).to_numpy(dtype=np.int64) for c in reversed(self.order)), seqs, codes]
+        sorted_pos = np.lexsort(keys)
+        bounds = np.flatnonzero(np.diff(codes[sorted_pos])) + 1
+        fields = {c: frame[c].tolist() for c in (*(_PREFIX + f for f in FIELDS), *((_BASE,) if self.has_timestamp
+                                                                                   else ()))}
+        fields.update({c: k.tolist() for c, k in zip(reversed(self.order), keys)})
+        timer, groups = self._load()
+        out = _Output([], [])
+        for part in np.split(sorted_pos, bounds):
+            group = str(groups_col[part[0]])
+            stored = groups.get(group)
+            state = group_rules.GroupState(group) if stored is None else group_rules.from_fields(group, stored[1])
+            short = None
+            if plain[part].all():
+                short = group_rules.receive_plain(state, seqs[part].tolist(), expiries[part].tolist(), now,
+                                                  self.limits)
+            if short is None:
+                state = self._slow(frame, fields, part.tolist(), state, now, out)
+            else:
+                state, actions, outcomes = short
+                self._emit(actions, out, {})
+                for i, o in zip(part.tolist(), outcomes):
+                    if o == group_rules.DELIVERED:
+                        out.pieces.append((i, "delivered", None, None))
+                    elif o == group_rules.DUPLICATE:
+                        out.counts.append(("duplicate", None))
+                    else:
+                        out.pieces.append((i, "refused", o[0], o[1]))
+            self._put(groups, state)
+        self._store(timer, groups)
+        yield from self._frames(frame, out)
 
     def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[Any]:  # noqa: N802, N803
-        """The group's deadline passed: terminations, refusals of expired held messages, removals."""
-        before = self._load(_group_of(key))
+        """The bucket's earliest deadline passed: terminations, refusals of expired held messages, removals."""
         # The watermark: the time of the last micro-batch that carried rows.
-        state, actions = group_rules.advance(before, timerValues.getCurrentWatermarkInMs(), self.limits)
-        out = list(self._emit(actions, [], {}))
-        self._store(before, state, None)  # Spark removed the timer that fired
-        return iter(out)
+        now = timerValues.getCurrentWatermarkInMs()
+        _, groups = self._load()
+        out = _Output([], [])
+        for group, (due, fields) in sorted(groups.items()):
+            if due is not None and due <= now:
+                state, actions = group_rules.advance(group_rules.from_fields(group, fields), now, self.limits)
+                self._emit(actions, out, {})
+                self._put(groups, state)
+        self._store(None, groups)  # Spark removed the timer that fired
+        yield from self._frames(None, out)
 
     def close(self) -> None:
         pass
