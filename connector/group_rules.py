@@ -371,6 +371,8 @@ def receive_plain(state: GroupState, seqs: list[int], expiries: list[int], now: 
     # last_seen = now and an ExpiryTime > now, and only messages can change the rest.
     kept = [r.accepted for r in state.retired]
     accepted = () if g is None else g.accepted
+    # The intervals end at ``last``: a number after it is in none, and the next one extends the last interval.
+    last = accepted[-1][1] if accepted else -2
     max_expiry = 0 if g is None else g.max_expiry
     group_expiry = None if g is None else g.group_expiry
     outcomes: list[str | tuple[str, str]] = []
@@ -378,7 +380,7 @@ def receive_plain(state: GroupState, seqs: list[int], expiries: list[int], now: 
     for seq, expiry in zip(seqs, expiries):
         if seq < 0:
             outcomes.append(("invalid-sequence-number", f"sequence number {seq} is negative"))
-        elif contains(accepted, seq) or any(contains(k, seq) for k in kept):
+        elif seq <= last and contains(accepted, seq) or kept and any(contains(k, seq) for k in kept):
             outcomes.append(DUPLICATE)
         elif expiry <= now:
             outcomes.append(("expired", f"ExpiryTime {expiry} passed before it arrived"))
@@ -386,7 +388,11 @@ def receive_plain(state: GroupState, seqs: list[int], expiries: list[int], now: 
             outcomes.append(("INVALID_GROUP_PARAMETER", f"GroupExpiryTime {group_expiry} is below max(ExpiryTime) "
                                                         f"{max(max_expiry, expiry)} of the group"))
         else:
-            accepted = add(accepted, seq)
+            if seq == last + 1:
+                accepted = (*accepted[:-1], (accepted[-1][0], seq))
+            else:
+                accepted = add(accepted, seq)
+            last = max(last, seq)
             max_expiry = max(max_expiry, expiry)
             delivered = True
             outcomes.append(DELIVERED)

@@ -323,10 +323,10 @@ def reliable_groups(df: DataFrame, *, headers: Mapping[str, str] | None = None,
         extracted.append(F.unix_millis(F.col("timestamp")).alias(_BASE))
     # Ties between copies of one number are broken by Kafka partition and offset, when the input has them.
     order = tuple(c for c in ("partition", "offset") if c in types and isinstance(types[c], IntegralType))
-    keyed = (df.select("*", *extracted)
+    keyed = _with_plain(df.select("*", *extracted), settings, has_timestamp)
+    keyed = (keyed
              .withColumn(_KEY, F.coalesce(F.col(_PREFIX + "GroupId"), F.lit("")))
              .withColumn(_BUCKET, F.pmod(F.xxhash64(F.col(_KEY)), F.lit(BUCKETS)).cast("int"))
-             .withColumn(_NOW, F.unix_millis(F.current_timestamp()))
              .withColumn(_CLOCK, F.current_timestamp() + F.expr("INTERVAL 1 DAY"))
              .withWatermark(_CLOCK, "1 day"))
     payload = [StructField(f.name, f.dataType, True) for f in df.schema.fields]
@@ -337,6 +337,36 @@ def reliable_groups(df: DataFrame, *, headers: Mapping[str, str] | None = None,
     counts = [F.count_if(F.col(_OUTCOME) == F.lit(o)).alias(o) for o in OUTCOMES]
     return (out.observe(settings.name, *counts)
             .where(F.col(_OUTCOME).isin("delivered", "refused")).drop(_OUTCOME))
+
+
+def _with_plain(df: DataFrame, settings: Settings, has_timestamp: bool) -> DataFrame:
+    """Marks the plain messages (a sequence number, an ``ExpiryTime`` and nothing else; unordered) and gives
+    their two numbers as integers, in the JVM: such a row skips the rules' parsing, and its field texts are
+    not sent to Python. Anything else (a status, parameters, order, a number in another form, a missing or
+    malformed field) keeps its texts and takes the rules' own parsing, with its reasons."""
+    from pyspark.sql import functions as F
+
+    def text(f: str) -> Any:
+        return F.col(_PREFIX + f)
+
+    # Up to 15 digits: exact in the float64 column pandas makes of a nullable long.
+    seq = F.when(text("SequenceNumber").rlike(r"^[0-9]{1,15}$"), text("SequenceNumber").cast("long"))
+    expiry = F.when(text("ExpiryTime").rlike(r"^-?[0-9]{1,15}$"), text("ExpiryTime").cast("long"))
+    if settings.default_expiry is not None:
+        base = F.coalesce(F.col(_BASE), F.col(_NOW)) if has_timestamp else F.col(_NOW)
+        expiry = F.when(text("ExpiryTime").isNull(), base + F.lit(settings.default_expiry)).otherwise(expiry)
+    unordered = {True: F.lit(False), False: F.lit(True),
+                 None: text("Ordered").isNull() | (F.lower(text("Ordered")) == F.lit("false"))}[settings.ordered]
+    plain = F.coalesce((F.coalesce(text("GroupId"), F.lit("")) != F.lit("")) & seq.isNotNull() & expiry.isNotNull()
+                       & text("Status").isNull() & text("GroupExpiryTime").isNull()
+                       & text("GroupMaxIdleDuration").isNull() & unordered, F.lit(False))
+    df = (df.withColumn(_NOW, F.unix_millis(F.current_timestamp()))
+          .withColumn(_PLAIN, plain)
+          .withColumn(_SEQ, F.when(F.col(_PLAIN), seq))
+          .withColumn(_EXPIRY, F.when(F.col(_PLAIN), expiry)))
+    # GroupId stays: it is the group's name in the operator.
+    return df.select(*[F.when(~F.col(_PLAIN), F.col(c)).alias(c) if c.startswith(_PREFIX) and
+                       c[len(_PREFIX):] in FIELDS and c != _PREFIX + "GroupId" else F.col(c) for c in df.columns])
 
 
 def _last_header(headers_column: str, name: str) -> Any:
@@ -356,18 +386,31 @@ def _last_header(headers_column: str, name: str) -> Any:
 BUCKETS = 64
 _BUCKET = "_lastagent_bucket"
 _BASE = "_lastagent_base"  # the record's Kafka timestamp, ms (the base of default_expiry)
+_PLAIN = "_lastagent_plain"  # a plain message: the next two are its numbers
+_SEQ = "_lastagent_seq"
+_EXPIRY = "_lastagent_expiry"
 _STATE_VERSION = 2
-_SEQ_FAST = r"\d{1,18}"  # fits int64: longer numbers take the rules' own parsing
-_TIME_FAST = r"-?\d{1,18}"
 
 
-@dataclass
 class _Output:
-    """One call's output in order: rows of the call's frame (by position), held rows of earlier batches (a
-    one-row frame each) and rows that only count (duplicates, terminations, removals)."""
+    """One call's output rows in order: rows of the call's frame (by position) and held rows of earlier
+    batches (a one-row frame each, at ``-1 - j`` for ``held[j]``); then rows that only count (duplicates,
+    terminations, removals)."""
 
-    pieces: list[tuple[Any, str, str | None, str | None]]  # (position or one-row frame, outcome, rule, reason)
-    counts: list[tuple[str, str | None]]  # (outcome, rule)
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        self.held: list[Any] = []
+        self.refused: dict[int, tuple[str, str]] = {}  # output row -> (rule, reason)
+        self.counts: list[tuple[str, str | None]] = []  # (outcome, rule)
+
+    def add(self, row: Any, refused: tuple[str, str] | None = None) -> None:
+        if refused is not None:
+            self.refused[len(self.rows)] = refused
+        if isinstance(row, int):
+            self.rows.append(row)
+        else:
+            self.rows.append(-1 - len(self.held))
+            self.held.append(row)
 
 
 def _decode_bucket(data: bytes) -> tuple[int | None, dict[str, list[Any]]]:
@@ -477,9 +520,9 @@ class _BucketProcessor(StatefulProcessor):
 
         for a in actions:
             if isinstance(a, group_rules.Deliver):
-                out.pieces.append((row(a.message), "delivered", None, None))
+                out.add(row(a.message))
             elif isinstance(a, group_rules.Refuse):
-                out.pieces.append((row(a.message), "refused", a.rule, a.reason))
+                out.add(row(a.message), (a.rule, a.reason))
             elif isinstance(a, group_rules.Hold):
                 assert isinstance(a.message.ref, int) and a.message.seq is not None
                 pending[a.message.seq] = a.message.ref
@@ -493,50 +536,60 @@ class _BucketProcessor(StatefulProcessor):
     def _frames(self, frame: Any, out: _Output) -> Iterator[Any]:
         """The output frames: the call's rows and held rows in the rules' order (an ordered group's
         deliveries stay in sequence order), then the rows that only count."""
+        import numpy as np
         import pandas as pd
 
-        extra: dict[str, list[str | None]] = {REFUSED_RULE: [], REFUSED_REASON: [], _OUTCOME: []}
-        chunk: list[int] = []
-        parts = []
-
-        def flush() -> None:
-            if chunk:
-                parts.append(frame.iloc[chunk][list(self.payload)])
-                chunk.clear()
-
-        for what, outcome, rule, reason in out.pieces:
-            if isinstance(what, int):
-                chunk.append(what)
-            else:
-                flush()
-                parts.append(what)
-            extra[REFUSED_RULE].append(rule)
-            extra[REFUSED_REASON].append(reason)
-            extra[_OUTCOME].append(outcome)
-        flush()
-        if parts:
-            rows = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0].reset_index(drop=True)
-            yield rows.assign(**extra)
+        payload = list(self.payload)
+        n = len(out.rows)
+        if n:
+            if not out.held:
+                rows = frame.iloc[np.asarray(out.rows, dtype=np.int64)][payload].reset_index(drop=True)
+            else:  # runs of the call's rows between held ones, in order
+                parts, run = [], []
+                for r in out.rows:
+                    if r >= 0:
+                        run.append(r)
+                        continue
+                    if run:
+                        parts.append(frame.iloc[run][payload])
+                        run = []
+                    parts.append(out.held[-1 - r])
+                if run:
+                    parts.append(frame.iloc[run][payload])
+                rows = pd.concat(parts, ignore_index=True)
+            rule = np.full(n, None, dtype=object)
+            reason = np.full(n, None, dtype=object)
+            outcome = np.full(n, "delivered", dtype=object)
+            for k, (r, why) in out.refused.items():
+                rule[k], reason[k], outcome[k] = r, why, "refused"
+            yield rows.assign(**{REFUSED_RULE: rule, REFUSED_REASON: reason, _OUTCOME: outcome})
         if out.counts:
-            n = len(out.counts)
-            nulls = {c: pd.Series([None] * n, dtype=object) for c in self.payload}
-            yield pd.DataFrame({**nulls, REFUSED_RULE: [r for _, r in out.counts], REFUSED_REASON: [None] * n,
+            c = len(out.counts)
+            nulls = {col: pd.Series([None] * c, dtype=object) for col in payload}
+            yield pd.DataFrame({**nulls, REFUSED_RULE: [r for _, r in out.counts], REFUSED_REASON: [None] * c,
                                 _OUTCOME: [o for o, _ in out.counts]})
 
     # -- the rules
 
-    def _slow(self, frame: Any, fields: dict[str, list[Any]], positions: list[int], state: group_rules.GroupState,
+    def _slow(self, frame: Any, plain: tuple[Any, Any, Any], positions: list[int], state: group_rules.GroupState,
               now: int, out: _Output) -> group_rules.GroupState:
         """One group's messages of this call through :func:`lastagent.group_rules.receive`, one by one, in a
-        deterministic order: by sequence number, then by Kafka partition and offset when the input has them."""
+        deterministic order: by sequence number, then by Kafka partition and offset when the input has them.
+        A plain row's message is made from its numbers (the plan sent no texts for it)."""
         import pandas as pd
 
+        is_plain, seqs, expiries = plain
+        names = [_PREFIX + f for f in FIELDS]
+        group = state.group
         parsed: list[tuple[int, group_rules.Message | str]] = []
         for i in positions:
-            base = fields[_BASE][i] if self.has_timestamp else None
+            if is_plain[i]:
+                parsed.append((i, group_rules.Message(group, int(seqs[i]), int(expiries[i]), ref=i)))
+                continue
+            texts = frame.iloc[i][names].tolist()
+            base = frame[_BASE].iat[i] if self.has_timestamp else None
             try:
-                parsed.append((i, message({f: fields[_PREFIX + f][i] for f in FIELDS}, now,
-                                          self.settings.default_expiry,
+                parsed.append((i, message(dict(zip(FIELDS, texts)), now, self.settings.default_expiry,
                                           None if base is None or pd.isna(base) else int(base), self.settings.ordered,
                                           i)))
             except ValueError as exc:
@@ -545,57 +598,29 @@ class _BucketProcessor(StatefulProcessor):
         def rank(item: tuple[int, group_rules.Message | str]) -> tuple[Any, ...]:
             i, m = item
             seq = m.seq if isinstance(m, group_rules.Message) and m.seq is not None else -1
-            return (seq, *(fields[c][i] for c in self.order))
+            return (seq, *(0 if pd.isna(v := frame[c].iat[i]) else int(v) for c in self.order))
 
         parsed.sort(key=rank)
         pending: dict[int, int] = {}
         for i, m in parsed:
             if isinstance(m, str):
-                out.pieces.append((i, "refused", "invalid-message", m))
+                out.add(i, ("invalid-message", m))
                 continue
             state, actions = group_rules.receive(state, m, now, self.limits)
             self._emit(actions, out, pending)
         for seq, i in pending.items():
-            self.held.updateValue((state.group, seq), (pickle.dumps(frame.iloc[[i]][list(self.payload)],
-                                                                     protocol=pickle.HIGHEST_PROTOCOL),))
+            self.held.updateValue((group, seq), (pickle.dumps(frame.iloc[[i]][list(self.payload)],
+                                                              protocol=pickle.HIGHEST_PROTOCOL),))
         return state
 
-    def _plain(self, frame: Any) -> tuple[Any, Any, Any]:
-        """Which rows are plain (a number, an ``ExpiryTime``, nothing else; unordered), with their numbers and
-        ``ExpiryTime`` as int64 arrays (-1 and 0 for the others). Vectorised: most rows take this way."""
+    @staticmethod
+    def _plain(frame: Any) -> tuple[Any, Any, Any]:
+        """Which rows are plain, with their numbers and ``ExpiryTime`` as int64 arrays (the plan computed them)."""
         import numpy as np
-        import pandas as pd
 
-        def text(f: str) -> Any:
-            return frame[_PREFIX + f]
-
-        seq_text = text("SequenceNumber")
-        plain = (frame[_KEY] != "").to_numpy() & seq_text.notna().to_numpy()
-        for f in ("Status", "GroupExpiryTime", "GroupMaxIdleDuration"):
-            plain &= text(f).isna().to_numpy()
-        if self.settings.ordered is True:
-            plain &= False
-        elif self.settings.ordered is None:
-            o = text("Ordered")
-            plain &= (o.isna() | (o.str.lower() == "false")).to_numpy()
-        plain &= seq_text.str.fullmatch(_SEQ_FAST).fillna(False).to_numpy(dtype=bool)
-        expiry_text = text("ExpiryTime")
-        given = expiry_text.notna().to_numpy()
-        plain &= ~given | expiry_text.str.fullmatch(_TIME_FAST).fillna(False).to_numpy(dtype=bool)
-        seqs = np.where(plain, pd.to_numeric(seq_text.where(plain, "-1")), -1).astype(np.int64)
-        expiries = np.where(given & plain, pd.to_numeric(expiry_text.where(given & plain, "0")), 0).astype(np.int64)
-        missing = plain & ~given
-        if missing.any():
-            if self.settings.default_expiry is None:
-                plain &= given  # refused by the rules' parsing, with its reason
-            else:
-                now = frame[_NOW].to_numpy(dtype=np.int64)
-                base = now
-                if self.has_timestamp:
-                    b = frame[_BASE]
-                    base = np.where(b.notna().to_numpy(), b.fillna(0).to_numpy(dtype=np.int64), now)
-                expiries = np.where(missing, base + self.settings.default_expiry, expiries)
-        return plain, seqs, expiries
+        plain = frame[_PLAIN].fillna(False).to_numpy(dtype=bool)
+        return (plain, frame[_SEQ].fillna(-1).to_numpy(dtype=np.int64),
+                frame[_EXPIRY].fillna(0).to_numpy(dtype=np.int64))
 
     # -- Spark's calls
 
@@ -616,15 +641,12 @@ class _BucketProcessor(StatefulProcessor):
         now = int(frame[_NOW].iat[0])  # the same in every row: the micro-batch's time
         plain, seqs, expiries = self._plain(frame)
         groups_col = frame[_KEY].to_numpy(dtype=object)
-        codes, names = pd.factorize(groups_col, sort=True)
+        codes, _ = pd.factorize(groups_col, sort=True)
         keys = [*(frame[c].fillna(0).to_numpy(dtype=np.int64) for c in reversed(self.order)), seqs, codes]
         sorted_pos = np.lexsort(keys)
         bounds = np.flatnonzero(np.diff(codes[sorted_pos])) + 1
-        fields = {c: frame[c].tolist() for c in (*(_PREFIX + f for f in FIELDS), *((_BASE,) if self.has_timestamp
-                                                                                   else ()))}
-        fields.update({c: k.tolist() for c, k in zip(reversed(self.order), keys)})
         timer, groups = self._load()
-        out = _Output([], [])
+        out = _Output()
         for part in np.split(sorted_pos, bounds):
             group = str(groups_col[part[0]])
             stored = groups.get(group)
@@ -634,17 +656,22 @@ class _BucketProcessor(StatefulProcessor):
                 short = group_rules.receive_plain(state, seqs[part].tolist(), expiries[part].tolist(), now,
                                                   self.limits)
             if short is None:
-                state = self._slow(frame, fields, part.tolist(), state, now, out)
+                state = self._slow(frame, (plain, seqs, expiries), part.tolist(), state, now, out)
             else:
                 state, actions, outcomes = short
                 self._emit(actions, out, {})
-                for i, o in zip(part.tolist(), outcomes):
-                    if o == group_rules.DELIVERED:
-                        out.pieces.append((i, "delivered", None, None))
-                    elif o == group_rules.DUPLICATE:
+                positions = part.tolist()
+                if all(o is group_rules.DELIVERED for o in outcomes):  # most groups: every message new
+                    out.rows.extend(positions)
+                    positions = []
+                for i, o in zip(positions, outcomes):
+                    if o is group_rules.DELIVERED:
+                        out.add(i)
+                    elif o is group_rules.DUPLICATE:
                         out.counts.append(("duplicate", None))
                     else:
-                        out.pieces.append((i, "refused", o[0], o[1]))
+                        assert isinstance(o, tuple)
+                        out.add(i, o)
             self._put(groups, state)
         self._store(timer, groups)
         yield from self._frames(frame, out)
@@ -654,7 +681,7 @@ class _BucketProcessor(StatefulProcessor):
         # The watermark: the time of the last micro-batch that carried rows.
         now = timerValues.getCurrentWatermarkInMs()
         _, groups = self._load()
-        out = _Output([], [])
+        out = _Output()
         for group, (due, fields) in sorted(groups.items()):
             if due is not None and due <= now:
                 state, actions = group_rules.advance(group_rules.from_fields(group, fields), now, self.limits)
