@@ -560,8 +560,8 @@ class _BucketProcessor(StatefulProcessor):
             rule = np.full(n, None, dtype=object)
             reason = np.full(n, None, dtype=object)
             outcome = np.full(n, "delivered", dtype=object)
-            for k, (r, why) in out.refused.items():
-                rule[k], reason[k], outcome[k] = r, why, "refused"
+            for k, (refused_rule, why) in out.refused.items():
+                rule[k], reason[k], outcome[k] = refused_rule, why, "refused"
             yield rows.assign(**{REFUSED_RULE: rule, REFUSED_REASON: reason, _OUTCOME: outcome})
         if out.counts:
             c = len(out.counts)
