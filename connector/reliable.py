@@ -349,9 +349,11 @@ def _with_plain(df: DataFrame, settings: Settings, has_timestamp: bool) -> DataF
     def text(f: str) -> Any:
         return F.col(_PREFIX + f)
 
-    # Up to 15 digits: exact in the float64 column pandas makes of a nullable long.
-    seq = F.when(text("SequenceNumber").rlike(r"^[0-9]{1,15}$"), text("SequenceNumber").cast("long"))
-    expiry = F.when(text("ExpiryTime").rlike(r"^-?[0-9]{1,15}$"), text("ExpiryTime").cast("long"))
+    # ASCII digits only, up to 15: exact in the float64 column pandas makes of a nullable long, and a cast
+    # that cannot fail. \z, not $: Java's $ also matches before a final line break. Other forms the rules
+    # accept (spaces around, other scripts' digits, longer numbers) take their parsing.
+    seq = F.when(text("SequenceNumber").rlike(r"^[0-9]{1,15}\z"), text("SequenceNumber").cast("long"))
+    expiry = F.when(text("ExpiryTime").rlike(r"^-?[0-9]{1,15}\z"), text("ExpiryTime").cast("long"))
     if settings.default_expiry is not None:
         base = F.coalesce(F.col(_BASE), F.col(_NOW)) if has_timestamp else F.col(_NOW)
         expiry = F.when(text("ExpiryTime").isNull(), base + F.lit(settings.default_expiry)).otherwise(expiry)

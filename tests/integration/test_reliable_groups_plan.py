@@ -63,3 +63,44 @@ def test_every_field_from_columns(spark, provider):
                           columns={"GroupId": "order_id", "SequenceNumber": "step", "ExpiryTime": "expires"})
     rows = sorted((r.order_id, r.step, r[REFUSED_RULE]) for r in out.collect())
     assert rows == [("g1", 0, None), ("g1", 1, None), ("g2", None, None)]  # g1/1 once; g2 a singleton
+
+
+def test_field_texts_in_every_form_are_judged_as_the_rules_parse_them(spark, provider):
+    """The plan marks plain messages in the JVM (ASCII digits) and sends the rest to the rules' own parsing:
+    numbers with spaces, a line break, other scripts' digits, more digits than fit, a negative ExpiryTime,
+    a missing one, statuses and order. Each group's outcome must be what the pure rules give for its texts."""
+    from lastagent import group_rules
+    from lastagent.reliable import REFUSED_REASON, message
+
+    provider(ROCKSDB)
+    assert spark.streams is not None
+    far = "4102444800000"
+    texts = [("5", far, None, None), (" 5", far, None, None), ("5\n", far, None, None), ("05", far, None, None),
+             ("\u0665", far, None, None), ("1" * 20, far, None, None), ("5", "-0", None, None),
+             ("5", " " + far, None, None), ("5", far + "\n", None, None), ("5", "2100-01-01T00:00:00Z", None, None),
+             ("5", None, None, None), ("x", far, None, None), ("0", far, "start", None), ("0", far, "End", None),
+             ("3", far, None, "FALSE"), ("3", far, None, "true"), ("3", far, None, "maybe"), (None, far, None, None)]
+    rows = [(f"g{i}", s, e, st, o, b"v") for i, (s, e, st, o) in enumerate(texts)]
+    df = spark.createDataFrame(rows, "g string, s string, e string, st string, o string, value binary")
+    out = reliable_groups(df, headers_column=None, columns={"GroupId": "g", "SequenceNumber": "s", "ExpiryTime": "e",
+                                                          "Status": "st", "Ordered": "o"})
+    got = {r.g: (r[REFUSED_RULE], r[REFUSED_REASON]) for r in out.collect()}
+    now = 1_800_000_000_000  # before every ExpiryTime above but -0
+    for g, s, e, st, o, _ in rows:
+        try:
+            m = message({"GroupId": g, "SequenceNumber": s, "ExpiryTime": e, "Status": st, "Ordered": o}, now, None,
+                        None, None, None)
+        except ValueError as exc:
+            want = ("invalid-message", str(exc))
+        else:
+            _, actions = group_rules.receive(group_rules.GroupState(g), m, now)
+            kinds = [a for a in actions if isinstance(a, (group_rules.Deliver, group_rules.Refuse, group_rules.Hold))]
+            assert len(kinds) == 1
+            a = kinds[0]
+            want = (a.rule, a.reason) if isinstance(a, group_rules.Refuse) else "held" if isinstance(
+                a, group_rules.Hold) else (None, None)
+        if want == "held":
+            assert g not in got, (g, s, e, st, o)
+        else:
+            assert got.get(g) == want, (g, s, e, st, o, got.get(g), want)
+    assert got["g0"] == (None, None) and got["g6"][0] == "expired" and got["g10"][0] == "invalid-message"
