@@ -286,8 +286,8 @@ def reliable_groups(df: DataFrame, *, headers: Mapping[str, str] | None = None,
     extracted = []
     for field, kind, source in settings.sources:
         if kind == "absent":
-            col = F.lit(None).cast("string")
-        elif kind == "header":
+            continue  # null: not sent to the operator
+        if kind == "header":
             assert settings.headers_column is not None
             if settings.headers_column not in types:
                 raise OptionError("headers_column", f"field {field} comes from header {source!r}, and the input has "
@@ -323,9 +323,7 @@ def reliable_groups(df: DataFrame, *, headers: Mapping[str, str] | None = None,
         extracted.append(F.unix_millis(F.col("timestamp")).alias(_BASE))
     # Ties between copies of one number are broken by Kafka partition and offset, when the input has them.
     order = tuple(c for c in ("partition", "offset") if c in types and isinstance(types[c], IntegralType))
-    keyed = _with_plain(df.select("*", *extracted), settings, has_timestamp)
-    keyed = (keyed
-             .withColumn(_KEY, F.coalesce(F.col(_PREFIX + "GroupId"), F.lit("")))
+    keyed = (_with_plain(df.select("*", *extracted), settings, has_timestamp)
              .withColumn(_BUCKET, F.pmod(F.xxhash64(F.col(_KEY)), F.lit(BUCKETS)).cast("int"))
              .withColumn(_CLOCK, F.current_timestamp() + F.expr("INTERVAL 1 DAY"))
              .withWatermark(_CLOCK, "1 day"))
@@ -346,8 +344,10 @@ def _with_plain(df: DataFrame, settings: Settings, has_timestamp: bool) -> DataF
     malformed field) keeps its texts and takes the rules' own parsing, with its reasons."""
     from pyspark.sql import functions as F
 
+    present = {_PREFIX + f for f in FIELDS} & set(df.columns)
+
     def text(f: str) -> Any:
-        return F.col(_PREFIX + f)
+        return F.col(_PREFIX + f) if _PREFIX + f in present else F.lit(None).cast("string")
 
     # ASCII digits only, up to 15: exact in the float64 column pandas makes of a nullable long, and a cast
     # that cannot fail. \z, not $: Java's $ also matches before a final line break. Other forms the rules
@@ -363,12 +363,12 @@ def _with_plain(df: DataFrame, settings: Settings, has_timestamp: bool) -> DataF
                        & text("Status").isNull() & text("GroupExpiryTime").isNull()
                        & text("GroupMaxIdleDuration").isNull() & unordered, F.lit(False))
     df = (df.withColumn(_NOW, F.unix_millis(F.current_timestamp()))
+          .withColumn(_KEY, F.coalesce(text("GroupId"), F.lit("")))  # the group's name ("": refused as missing)
           .withColumn(_PLAIN, plain)
           .withColumn(_SEQ, F.when(F.col(_PLAIN), seq))
-          .withColumn(_EXPIRY, F.when(F.col(_PLAIN), expiry)))
-    # GroupId stays: it is the group's name in the operator.
-    return df.select(*[F.when(~F.col(_PLAIN), F.col(c)).alias(c) if c.startswith(_PREFIX) and
-                       c[len(_PREFIX):] in FIELDS and c != _PREFIX + "GroupId" else F.col(c) for c in df.columns])
+          .withColumn(_EXPIRY, F.when(F.col(_PLAIN), expiry))
+          .drop(_PREFIX + "GroupId"))
+    return df.select(*[F.when(~F.col(_PLAIN), F.col(c)).alias(c) if c in present else F.col(c) for c in df.columns])
 
 
 def _last_header(headers_column: str, name: str) -> Any:
@@ -581,17 +581,20 @@ class _BucketProcessor(StatefulProcessor):
         import pandas as pd
 
         is_plain, seqs, expiries = plain
-        names = [_PREFIX + f for f in FIELDS]
+        texts = [f for f in FIELDS if _PREFIX + f in self.columns]  # the others are absent (null)
+        names = [_PREFIX + f for f in texts]
         group = state.group
         parsed: list[tuple[int, group_rules.Message | str]] = []
         for i in positions:
             if is_plain[i]:
                 parsed.append((i, group_rules.Message(group, int(seqs[i]), int(expiries[i]), ref=i)))
                 continue
-            texts = frame.iloc[i][names].tolist()
+            given: dict[str, str | None] = dict.fromkeys(FIELDS)
+            given.update(zip(texts, frame.iloc[i][names].tolist()))
+            given["GroupId"] = group
             base = frame[_BASE].iat[i] if self.has_timestamp else None
             try:
-                parsed.append((i, message(dict(zip(FIELDS, texts)), now, self.settings.default_expiry,
+                parsed.append((i, message(given, now, self.settings.default_expiry,
                                           None if base is None or pd.isna(base) else int(base), self.settings.ordered,
                                           i)))
             except ValueError as exc:
