@@ -326,7 +326,9 @@ def reliable_groups(df: DataFrame, *, headers: Mapping[str, str] | None = None,
     keyed = (_with_plain(df.select("*", *extracted), settings, has_timestamp)
              .withColumn(_BUCKET, F.pmod(F.xxhash64(F.col(_KEY)), F.lit(BUCKETS)).cast("int"))
              .withColumn(_CLOCK, F.current_timestamp() + F.expr("INTERVAL 1 DAY"))
-             .withWatermark(_CLOCK, "1 day"))
+             .withWatermark(_CLOCK, "1 day")
+             # The watermark follows the column without the operator reading it: a column less to send.
+             .drop(_CLOCK))
     payload = [StructField(f.name, f.dataType, True) for f in df.schema.fields]
     extra = [StructField(c, StringType(), True) for c in (REFUSED_RULE, REFUSED_REASON, _OUTCOME)]
     out = keyed.groupBy(_BUCKET).transformWithStateInPandas(
@@ -368,7 +370,9 @@ def _with_plain(df: DataFrame, settings: Settings, has_timestamp: bool) -> DataF
           .withColumn(_SEQ, F.when(F.col(_PLAIN), seq))
           .withColumn(_EXPIRY, F.when(F.col(_PLAIN), expiry))
           .drop(_PREFIX + "GroupId"))
-    return df.select(*[F.when(~F.col(_PLAIN), F.col(c)).alias(c) if c in present else F.col(c) for c in df.columns])
+    # A plain row is one with a number in _SEQ: the mark itself is not sent.
+    return df.select(*[F.when(~F.col(_PLAIN), F.col(c)).alias(c) if c in present else F.col(c) for c in df.columns
+                       if c != _PLAIN])
 
 
 def _last_header(headers_column: str, name: str) -> Any:
@@ -388,7 +392,7 @@ def _last_header(headers_column: str, name: str) -> Any:
 BUCKETS = 64
 _BUCKET = "_lastagent_bucket"
 _BASE = "_lastagent_base"  # the record's Kafka timestamp, ms (the base of default_expiry)
-_PLAIN = "_lastagent_plain"  # a plain message: the next two are its numbers
+_PLAIN = "_lastagent_plain"  # a plain message (in the plan only): the next two are its numbers
 _SEQ = "_lastagent_seq"
 _EXPIRY = "_lastagent_expiry"
 _STATE_VERSION = 2
@@ -623,7 +627,7 @@ class _BucketProcessor(StatefulProcessor):
         """Which rows are plain, with their numbers and ``ExpiryTime`` as int64 arrays (the plan computed them)."""
         import numpy as np
 
-        plain = frame[_PLAIN].fillna(False).to_numpy(dtype=bool)
+        plain = frame[_SEQ].notna().to_numpy(dtype=bool)
         return (plain, frame[_SEQ].fillna(-1).to_numpy(dtype=np.int64),
                 frame[_EXPIRY].fillna(0).to_numpy(dtype=np.int64))
 
