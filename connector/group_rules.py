@@ -375,8 +375,18 @@ def receive_plain(state: GroupState, seqs: list[int], expiries: list[int], now: 
     last = accepted[-1][1] if accepted else -2
     max_expiry = 0 if g is None else g.max_expiry
     group_expiry = None if g is None else g.group_expiry
-    outcomes: list[str | tuple[str, str]] = []
-    delivered = False
+    n = len(seqs)
+    first = last + 1 if accepted else seqs[0] if seqs else 0
+    if n and first >= 0 and not kept and seqs == list(range(first, first + n)) and min(expiries) > now and (
+            group_expiry is None or group_expiry >= max(max_expiry, *expiries)):
+        # The usual batch: the next numbers, none expired, within the group's expiry. Each is delivered.
+        accepted = (*accepted[:-1], (accepted[-1][0], first + n - 1)) if accepted else ((first, first + n - 1),)
+        max_expiry = max(max_expiry, *expiries)
+        seqs, expiries = [], []
+        outcomes: list[str | tuple[str, str]] = [DELIVERED] * n
+        delivered = True
+    else:
+        outcomes, delivered = [], False
     for seq, expiry in zip(seqs, expiries):
         if seq < 0:
             outcomes.append(("invalid-sequence-number", f"sequence number {seq} is negative"))

@@ -311,6 +311,11 @@ def test_plain_messages_take_the_short_way_to_the_same_state_and_outcomes(seed):
             n = rng.randint(1, 8)
             seqs = [rng.choice([-1, *range(10)]) if rng.random() < 0.05 else rng.randint(0, 9) for _ in range(n)]
             seqs.sort()
+            if rng.random() < 0.4:  # the next numbers in a run (the usual batch), or a run from elsewhere
+                g = state.active
+                start = g.accepted[-1][1] + 1 if g is not None and g.accepted and rng.random() < 0.7 else \
+                    rng.randint(0, 5)
+                seqs = list(range(start, start + n))
             expiries = [now + rng.choice([-5, 0, 1, 100, 4000, 10**6]) for _ in range(n)]
             short = receive_plain(state, seqs, expiries, now, limits)
             if short is None:
