@@ -21,6 +21,7 @@ removed) are the query's observed metrics, under the step's ``name``.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import pickle
 import re
 from collections.abc import Iterator, Mapping
@@ -46,11 +47,11 @@ REFUSED_RULE = "_lastagent_refused_rule"
 REFUSED_REASON = "_lastagent_refused_reason"
 _OUTCOME = "_lastagent_outcome"
 _KEY = "_lastagent_group"
-_NOW = "_lastagent_now"  # the micro-batch's time, ms
 _CLOCK = "_lastagent_clock"  # the same, a day later, as the watermark's event time
 _PREFIX = "_lastagent_"
 #: Outcomes, counted in the observed metrics; the step's output keeps the first two.
 OUTCOMES = ("delivered", "refused", "duplicate", "terminated", "removed")
+_CODE = {o: i for i, o in enumerate(OUTCOMES)}  # the operator's output says each by its index
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 _PROVIDER = "spark.sql.streaming.stateStore.providerClass"
@@ -264,7 +265,8 @@ def reliable_groups(df: DataFrame, *, headers: Mapping[str, str] | None = None,
         LastAgentError: the session's state store is not RocksDB, or pyspark is older than 4.1.
     """
     from pyspark.sql import functions as F
-    from pyspark.sql.types import BinaryType, IntegralType, StringType, StructField, StructType, TimestampType
+    from pyspark.sql.types import (BinaryType, ByteType, IntegralType, StringType, StructField, StructType,
+                                   TimestampType)
 
     settings = Settings.parse(headers=headers, columns=columns, headers_column=headers_column, ordered=ordered,
                               default_expiry=default_expiry, default_max_idle=default_max_idle, name=name)
@@ -283,7 +285,7 @@ def reliable_groups(df: DataFrame, *, headers: Mapping[str, str] | None = None,
         raise OptionError("df", f"column(s) {reserved} start with {_PREFIX}, which lastagent.reliable_groups "
                                 "reserves for its own; rename them")
     types = {f.name: f.dataType for f in df.schema.fields}
-    extracted = []
+    extracted, present = [], []
     for field, kind, source in settings.sources:
         if kind == "absent":
             continue  # null: not sent to the operator
@@ -309,6 +311,7 @@ def reliable_groups(df: DataFrame, *, headers: Mapping[str, str] | None = None,
                 raise OptionError("columns", f"column {source!r} for field {field} is {t.simpleString()}; give a "
                                              "string, binary, integer, boolean or timestamp column")
         extracted.append(col.alias(_PREFIX + field))
+        present.append(field)
     marked = [f.name for f in df.schema.fields if "spark.watermarkDelayMs" in (f.metadata or {})]
     if marked:
         raise OptionError("df", f"the input has a watermark on {marked}; lastagent.reliable_groups keeps its own "
@@ -323,27 +326,38 @@ def reliable_groups(df: DataFrame, *, headers: Mapping[str, str] | None = None,
         extracted.append(F.unix_millis(F.col("timestamp")).alias(_BASE))
     # Ties between copies of one number are broken by Kafka partition and offset, when the input has them.
     order = tuple(c for c in ("partition", "offset") if c in types and isinstance(types[c], IntegralType))
-    keyed = (_with_plain(df.select("*", *extracted), settings, has_timestamp)
-             .withColumn(_BUCKET, F.pmod(F.xxhash64(F.col(_KEY)), F.lit(BUCKETS)).cast("int"))
+    # A group id that is a string column already goes to the operator with the row: not sent twice.
+    group_kind, group_source = next((k, s) for f, k, s in settings.sources if f == "GroupId")
+    key = group_source if group_kind == "column" and isinstance(types[group_source], StringType) else _KEY
+    texts = tuple(f for f in present if f != "GroupId")
+    keyed = (_with_plain(df.select("*", *extracted), settings, texts, has_timestamp, key != _KEY)
+             .withColumn(_BUCKET, F.pmod(F.xxhash64(F.coalesce(F.col(key), F.lit(""))), F.lit(BUCKETS)).cast("int"))
              .withColumn(_CLOCK, F.current_timestamp() + F.expr("INTERVAL 1 DAY"))
              .withWatermark(_CLOCK, "1 day")
              # The watermark follows the column without the operator reading it: a column less to send.
              .drop(_CLOCK))
     payload = [StructField(f.name, f.dataType, True) for f in df.schema.fields]
-    extra = [StructField(c, StringType(), True) for c in (REFUSED_RULE, REFUSED_REASON, _OUTCOME)]
+    extra = [StructField(c, StringType(), True) for c in (REFUSED_RULE, REFUSED_REASON)]
     out = keyed.groupBy(_BUCKET).transformWithStateInPandas(
-        _BucketProcessor(settings, tuple(df.columns), tuple(keyed.columns), has_timestamp, order),
-        StructType(payload + extra), "Append", "EventTime")
-    counts = [F.count_if(F.col(_OUTCOME) == F.lit(o)).alias(o) for o in OUTCOMES]
+        _BucketProcessor(settings, tuple(df.columns), tuple(keyed.columns), key, texts, has_timestamp, order),
+        StructType([*payload, *extra, StructField(_OUTCOME, ByteType(), False)]), "Append", "EventTime")
+    # The outcome is its index in OUTCOMES: a byte per row, where its name would be a string.
+    counts = [F.count_if(F.col(_OUTCOME) == F.lit(i)).alias(o) for i, o in enumerate(OUTCOMES)]
     return (out.observe(settings.name, *counts)
-            .where(F.col(_OUTCOME).isin("delivered", "refused")).drop(_OUTCOME))
+            .where(F.col(_OUTCOME) <= F.lit(OUTCOMES.index("refused"))).drop(_OUTCOME))
 
 
-def _with_plain(df: DataFrame, settings: Settings, has_timestamp: bool) -> DataFrame:
+def _with_plain(df: DataFrame, settings: Settings, texts: tuple[str, ...], has_timestamp: bool,
+                keyed_by_column: bool) -> DataFrame:
     """Marks the plain messages (a sequence number, an ``ExpiryTime`` and nothing else; unordered) and gives
     their two numbers as integers, in the JVM: such a row skips the rules' parsing, and its field texts are
     not sent to Python. Anything else (a status, parameters, order, a number in another form, a missing or
-    malformed field) keeps its texts and takes the rules' own parsing, with its reasons."""
+    malformed field) keeps its texts and takes the rules' own parsing, with its reasons.
+
+    The operator gets ``df``'s columns, the group's name (``_KEY``, unless ``keyed_by_column``: the GroupId
+    column is sent anyway), the two numbers (null: not plain) and, for a row that is not plain, one text
+    column: a JSON array of the texts of the fields ``texts``, then of its Kafka timestamp in ms
+    (``has_timestamp``)."""
     from pyspark.sql import functions as F
 
     present = {_PREFIX + f for f in FIELDS} & set(df.columns)
@@ -356,23 +370,26 @@ def _with_plain(df: DataFrame, settings: Settings, has_timestamp: bool) -> DataF
     # accept (spaces around, other scripts' digits, longer numbers) take their parsing.
     seq = F.when(text("SequenceNumber").rlike(r"^[0-9]{1,15}\z"), text("SequenceNumber").cast("long"))
     expiry = F.when(text("ExpiryTime").rlike(r"^-?[0-9]{1,15}\z"), text("ExpiryTime").cast("long"))
+    now = F.unix_millis(F.current_timestamp())
     if settings.default_expiry is not None:
-        base = F.coalesce(F.col(_BASE), F.col(_NOW)) if has_timestamp else F.col(_NOW)
+        base = F.coalesce(F.col(_BASE), now) if has_timestamp else now
         expiry = F.when(text("ExpiryTime").isNull(), base + F.lit(settings.default_expiry)).otherwise(expiry)
     unordered = {True: F.lit(False), False: F.lit(True),
                  None: text("Ordered").isNull() | (F.lower(text("Ordered")) == F.lit("false"))}[settings.ordered]
     plain = F.coalesce((F.coalesce(text("GroupId"), F.lit("")) != F.lit("")) & seq.isNotNull() & expiry.isNotNull()
                        & text("Status").isNull() & text("GroupExpiryTime").isNull()
                        & text("GroupMaxIdleDuration").isNull() & unordered, F.lit(False))
-    df = (df.withColumn(_NOW, F.unix_millis(F.current_timestamp()))
-          .withColumn(_KEY, F.coalesce(text("GroupId"), F.lit("")))  # the group's name ("": refused as missing)
+    given = [F.col(_PREFIX + f) for f in texts] + ([F.col(_BASE).cast("string")] if has_timestamp else [])
+    df = (df.withColumn(_KEY, F.coalesce(text("GroupId"), F.lit("")))  # the group's name ("": refused as missing)
           .withColumn(_PLAIN, plain)
           .withColumn(_SEQ, F.when(F.col(_PLAIN), seq))
           .withColumn(_EXPIRY, F.when(F.col(_PLAIN), expiry))
-          .drop(_PREFIX + "GroupId"))
+          # JSON text, not an array column: pyspark converts an array column to pandas row by row, which
+          # halved the step's throughput even with every row null.
+          .withColumn(_TEXTS, F.when(~F.col(_PLAIN), F.to_json(F.array(*given)))))
     # A plain row is one with a number in _SEQ: the mark itself is not sent.
-    return df.select(*[F.when(~F.col(_PLAIN), F.col(c)).alias(c) if c in present else F.col(c) for c in df.columns
-                       if c != _PLAIN])
+    internal = {_PLAIN, _BASE, *present, *([_KEY] if keyed_by_column else [])}
+    return df.select(*[c for c in df.columns if c not in internal])
 
 
 def _last_header(headers_column: str, name: str) -> Any:
@@ -395,6 +412,7 @@ _BASE = "_lastagent_base"  # the record's Kafka timestamp, ms (the base of defau
 _PLAIN = "_lastagent_plain"  # a plain message (in the plan only): the next two are its numbers
 _SEQ = "_lastagent_seq"
 _EXPIRY = "_lastagent_expiry"
+_TEXTS = "_lastagent_texts"  # a row that is not plain: its fields' texts (and Kafka timestamp), a JSON array
 _STATE_VERSION = 2
 
 
@@ -426,8 +444,6 @@ def _decode_bucket(data: bytes) -> tuple[int | None, dict[str, list[Any]]]:
         LastAgentError: the value was written by another version of the step, or with another number of
             buckets (its groups' state would not be found where this version looks).
     """
-    import json
-
     f = json.loads(data)
     if not isinstance(f, list) or len(f) != 4 or f[0] != _STATE_VERSION:
         raise LastAgentError(f"the stored state of lastagent.reliable_groups is not version {_STATE_VERSION}; "
@@ -460,10 +476,10 @@ class _BucketProcessor(StatefulProcessor):
     the watermark that follows the micro-batches' time), at the earliest deadline of its groups.
     """
 
-    def __init__(self, settings: Settings, payload: tuple[str, ...], columns: tuple[str, ...], has_timestamp: bool,
-                 order: tuple[str, ...]) -> None:
+    def __init__(self, settings: Settings, payload: tuple[str, ...], columns: tuple[str, ...], key: str,
+                 texts: tuple[str, ...], has_timestamp: bool, order: tuple[str, ...]) -> None:
         self.settings, self.payload, self.has_timestamp, self.order = settings, payload, has_timestamp, order
-        self.columns = columns
+        self.columns, self.key, self.texts = columns, key, texts
         self.limits = group_rules.Limits(settings.default_max_idle)
 
     def init(self, handle: Any) -> None:
@@ -481,8 +497,6 @@ class _BucketProcessor(StatefulProcessor):
     def _store(self, timer: int | None, groups: dict[str, list[Any]]) -> None:
         """Writes the groups and moves the bucket's one timer from ``timer`` (None: none registered) to the
         earliest deadline."""
-        import json
-
         due = min((d for d, _ in groups.values() if d is not None), default=None)
         if due != timer:
             if timer is not None:
@@ -565,15 +579,15 @@ class _BucketProcessor(StatefulProcessor):
                 rows = pd.concat(parts, ignore_index=True)
             rule = np.full(n, None, dtype=object)
             reason = np.full(n, None, dtype=object)
-            outcome = np.full(n, "delivered", dtype=object)
+            outcome = np.full(n, _CODE["delivered"], dtype=np.int8)
             for k, (refused_rule, why) in out.refused.items():
-                rule[k], reason[k], outcome[k] = refused_rule, why, "refused"
+                rule[k], reason[k], outcome[k] = refused_rule, why, _CODE["refused"]
             yield rows.assign(**{REFUSED_RULE: rule, REFUSED_REASON: reason, _OUTCOME: outcome})
         if out.counts:
             c = len(out.counts)
             nulls = {col: pd.Series([None] * c, dtype=object) for col in payload}
             yield pd.DataFrame({**nulls, REFUSED_RULE: [r for _, r in out.counts], REFUSED_REASON: [None] * c,
-                                _OUTCOME: [o for o, _ in out.counts]})
+                                _OUTCOME: np.array([_CODE[o] for o, _ in out.counts], dtype=np.int8)})
 
     # -- the rules
 
@@ -585,22 +599,20 @@ class _BucketProcessor(StatefulProcessor):
         import pandas as pd
 
         is_plain, seqs, expiries = plain
-        texts = [f for f in FIELDS if _PREFIX + f in self.columns]  # the others are absent (null)
-        names = [_PREFIX + f for f in texts]
         group = state.group
         parsed: list[tuple[int, group_rules.Message | str]] = []
         for i in positions:
             if is_plain[i]:
                 parsed.append((i, group_rules.Message(group, int(seqs[i]), int(expiries[i]), ref=i)))
                 continue
-            given: dict[str, str | None] = dict.fromkeys(FIELDS)
-            given.update(zip(texts, frame.iloc[i][names].tolist()))
+            values = json.loads(frame[_TEXTS].iat[i])  # the fields' texts, then the Kafka timestamp
+            given: dict[str, str | None] = dict.fromkeys(FIELDS)  # absent fields: null
+            given.update(zip(self.texts, values))
             given["GroupId"] = group
-            base = frame[_BASE].iat[i] if self.has_timestamp else None
+            base = values[-1] if self.has_timestamp else None
             try:
                 parsed.append((i, message(given, now, self.settings.default_expiry,
-                                          None if base is None or pd.isna(base) else int(base), self.settings.ordered,
-                                          i)))
+                                          None if base is None else int(base), self.settings.ordered, i)))
             except ValueError as exc:
                 parsed.append((i, str(exc)))
 
@@ -647,9 +659,15 @@ class _BucketProcessor(StatefulProcessor):
             raise LastAgentError(f"lastagent.reliable_groups: the operator's input has {len(frame.columns)} columns, "
                                  f"the plan {len(self.columns)}: {list(frame.columns)} vs {list(self.columns)}")
         frame.columns = list(self.columns)
-        now = int(frame[_NOW].iat[0])  # the same in every row: the micro-batch's time
+        # The micro-batch's time (Spark keeps it in the offset log: a replay sees it again), the time of
+        # current_timestamp() in the plan. Without it the rules have no clock: stop rather than guess one.
+        now = timerValues.getCurrentProcessingTimeInMs()
+        if not isinstance(now, int) or now <= 0:
+            raise LastAgentError(f"lastagent.reliable_groups: Spark gave the operator no micro-batch time ({now!r}); "
+                                 "the rules cannot run without it")
         plain, seqs, expiries = self._plain(frame)
-        groups_col = frame[_KEY].to_numpy(dtype=object)
+        names = frame[self.key]
+        groups_col = (names.fillna("") if names.hasnans else names).to_numpy(dtype=object)  # null: "" (missing)
         codes, _ = pd.factorize(groups_col, sort=True)
         keys = [*(frame[c].fillna(0).to_numpy(dtype=np.int64) for c in reversed(self.order)), seqs, codes]
         sorted_pos = np.lexsort(keys)
@@ -731,8 +749,6 @@ def split_refused(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, list[tuple[dic
 
 def strip_refusal_columns(schema_json: str) -> str:
     """A Spark schema's JSON without the refusal columns (the sink's table never has them). Driver."""
-    import json
-
     schema = json.loads(schema_json)
     schema["fields"] = [f for f in schema["fields"] if f["name"] not in (REFUSED_RULE, REFUSED_REASON)]
     return json.dumps(schema)

@@ -151,3 +151,35 @@ def test_the_tables_schema_never_has_the_refusal_columns():
     schema = ('{"type":"struct","fields":[{"name":"value","type":"binary","nullable":true,"metadata":{}},'
               f'{{"name":"{REFUSED_RULE}","type":"string","nullable":true,"metadata":{{}}}}]}}')
     assert [f["name"] for f in __import__("json").loads(strip_refusal_columns(schema))["fields"]] == ["value"]
+
+
+@pytest.mark.parametrize("batch_time", [-1, 0, None])
+def test_without_the_micro_batch_time_the_processor_stops_and_changes_nothing(batch_time):
+    import pandas as pd
+    from pyspark.sql.streaming.stateful_processor import TimerValues
+
+    from lastagent.errors import LastAgentError
+    from lastagent.reliable import _EXPIRY, _SEQ, _TEXTS, _BucketProcessor
+
+    class Handle:  # a state store that records every call
+        calls: list[str] = []
+
+        def getValueState(self, *a):  # noqa: N802
+            return self
+
+        def getMapState(self, *a):  # noqa: N802
+            return self
+
+        def __getattr__(self, name):
+            self.calls.append(name)
+            return lambda *a: None
+
+    settings = Settings.parse(headers=None, columns={"GroupId": "g"}, headers_column=None, ordered=False,
+                              default_expiry=None, default_max_idle=None, name="m")
+    processor = _BucketProcessor(settings, ("g",), ("g", _SEQ, _EXPIRY, _TEXTS), "g", (), False, ())
+    handle = Handle()
+    processor.init(handle)
+    frame = pd.DataFrame({"g": ["a"], _SEQ: [1.0], _EXPIRY: [9e12], _TEXTS: [None]})
+    with pytest.raises(LastAgentError, match="no micro-batch time"):
+        list(processor.handleInputRows(("a",), iter([frame]), TimerValues(batch_time, 0)))
+    assert handle.calls == []
