@@ -286,6 +286,7 @@ def reliable_groups(df: DataFrame, *, headers: Mapping[str, str] | None = None,
                                 "reserves for its own; rename them")
     types = {f.name: f.dataType for f in df.schema.fields}
     extracted, present = [], []
+    numbers = {}  # a number field from an integer or timestamp column: its value, without a text between
     for field, kind, source in settings.sources:
         if kind == "absent":
             continue  # null: not sent to the operator
@@ -303,6 +304,8 @@ def reliable_groups(df: DataFrame, *, headers: Mapping[str, str] | None = None,
                 raise OptionError("columns", f"field {field} comes from column {source!r}, which the input does not "
                                              f"have (columns: {', '.join(df.columns)})")
             t = types[source]
+            if isinstance(t, (IntegralType, TimestampType)) and field in ("SequenceNumber", "ExpiryTime"):
+                numbers[field] = F.unix_millis(F.col(source)) if isinstance(t, TimestampType) else F.col(source)
             if isinstance(t, TimestampType):
                 col = F.unix_millis(F.col(source)).cast("string")
             elif isinstance(t, (StringType, BinaryType, IntegralType)) or t.typeName() == "boolean":
@@ -330,7 +333,7 @@ def reliable_groups(df: DataFrame, *, headers: Mapping[str, str] | None = None,
     group_kind, group_source = next((k, s) for f, k, s in settings.sources if f == "GroupId")
     key = group_source if group_kind == "column" and isinstance(types[group_source], StringType) else _KEY
     texts = tuple(f for f in present if f != "GroupId")
-    keyed = (_with_plain(df.select("*", *extracted), settings, texts, has_timestamp, key != _KEY)
+    keyed = (_with_plain(df.select("*", *extracted), settings, texts, numbers, has_timestamp, key != _KEY)
              .withColumn(_BUCKET, F.pmod(F.xxhash64(F.coalesce(F.col(key), F.lit(""))), F.lit(BUCKETS)).cast("int"))
              .withColumn(_CLOCK, F.current_timestamp() + F.expr("INTERVAL 1 DAY"))
              .withWatermark(_CLOCK, "1 day")
@@ -347,12 +350,14 @@ def reliable_groups(df: DataFrame, *, headers: Mapping[str, str] | None = None,
             .where(F.col(_OUTCOME) <= F.lit(OUTCOMES.index("refused"))).drop(_OUTCOME))
 
 
-def _with_plain(df: DataFrame, settings: Settings, texts: tuple[str, ...], has_timestamp: bool,
-                keyed_by_column: bool) -> DataFrame:
+def _with_plain(df: DataFrame, settings: Settings, texts: tuple[str, ...], numbers: Mapping[str, Any],
+                has_timestamp: bool, keyed_by_column: bool) -> DataFrame:
     """Marks the plain messages (a sequence number, an ``ExpiryTime`` and nothing else; unordered) and gives
     their two numbers as integers, in the JVM: such a row skips the rules' parsing, and its field texts are
     not sent to Python. Anything else (a status, parameters, order, a number in another form, a missing or
     malformed field) keeps its texts and takes the rules' own parsing, with its reasons.
+
+    ``numbers``: the value of a number field that comes from an integer or timestamp column.
 
     The operator gets ``df``'s columns, the group's name (``_KEY``, unless ``keyed_by_column``: the GroupId
     column is sent anyway), the two numbers (null: not plain) and, for a row that is not plain, one text
@@ -370,6 +375,12 @@ def _with_plain(df: DataFrame, settings: Settings, texts: tuple[str, ...], has_t
     # accept (spaces around, other scripts' digits, longer numbers) take their parsing.
     seq = F.when(text("SequenceNumber").rlike(r"^[0-9]{1,15}\z"), text("SequenceNumber").cast("long"))
     expiry = F.when(text("ExpiryTime").rlike(r"^-?[0-9]{1,15}\z"), text("ExpiryTime").cast("long"))
+    # The same tests on a number column's value (``numbers``), without making its text: its text is its digits.
+    top = 10 ** 15 - 1
+    if "SequenceNumber" in numbers:
+        seq = F.when(numbers["SequenceNumber"].between(0, top), numbers["SequenceNumber"].cast("long"))
+    if "ExpiryTime" in numbers:
+        expiry = F.when(numbers["ExpiryTime"].between(-top, top), numbers["ExpiryTime"].cast("long"))
     now = F.unix_millis(F.current_timestamp())
     if settings.default_expiry is not None:
         base = F.coalesce(F.col(_BASE), now) if has_timestamp else now
@@ -688,7 +699,7 @@ class _BucketProcessor(StatefulProcessor):
                 state, actions, outcomes = short
                 self._emit(actions, out, {})
                 positions = part.tolist()
-                if all(o is group_rules.DELIVERED for o in outcomes):  # most groups: every message new
+                if outcomes.count(group_rules.DELIVERED) == len(outcomes):  # most groups: every message new
                     out.rows.extend(positions)
                     positions = []
                 for i, o in zip(positions, outcomes):

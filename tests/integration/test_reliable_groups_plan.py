@@ -65,13 +65,37 @@ def test_every_field_from_columns(spark, provider):
     assert rows == [("g1", 0, None), ("g1", 1, None), ("g2", None, None)]  # g1/1 once; g2 a singleton
 
 
+def _judged_as_the_rules(out, rows) -> dict:
+    """Each group's outcome in ``out`` (one message per group) against what the pure rules give for its texts;
+    ``rows``: (group, {field: text}). Returns the outcomes by group."""
+    from lastagent import group_rules
+    from lastagent.reliable import REFUSED_REASON, message
+
+    got = {r.g: (r[REFUSED_RULE], r[REFUSED_REASON]) for r in out.collect()}
+    now = 1_800_000_000_000  # before every ExpiryTime in these tests but the negative ones
+    for g, fields in rows:
+        try:
+            m = message({"GroupId": g, **fields}, now, None, None, None, None)
+        except ValueError as exc:
+            want = ("invalid-message", str(exc))
+        else:
+            _, actions = group_rules.receive(group_rules.GroupState(g), m, now)
+            kinds = [a for a in actions if isinstance(a, (group_rules.Deliver, group_rules.Refuse, group_rules.Hold))]
+            assert len(kinds) == 1
+            a = kinds[0]
+            want = (a.rule, a.reason) if isinstance(a, group_rules.Refuse) else "held" if isinstance(
+                a, group_rules.Hold) else (None, None)
+        if want == "held":
+            assert g not in got, (g, fields)
+        else:
+            assert got.get(g) == want, (g, fields, got.get(g), want)
+    return got
+
+
 def test_field_texts_in_every_form_are_judged_as_the_rules_parse_them(spark, provider):
     """The plan marks plain messages in the JVM (ASCII digits) and sends the rest to the rules' own parsing:
     numbers with spaces, a line break, other scripts' digits, more digits than fit, a negative ExpiryTime,
     a missing one, statuses and order. Each group's outcome must be what the pure rules give for its texts."""
-    from lastagent import group_rules
-    from lastagent.reliable import REFUSED_REASON, message
-
     provider(ROCKSDB)
     assert spark.streams is not None
     far = "4102444800000"
@@ -84,23 +108,33 @@ def test_field_texts_in_every_form_are_judged_as_the_rules_parse_them(spark, pro
     df = spark.createDataFrame(rows, "g string, s string, e string, st string, o string, value binary")
     out = reliable_groups(df, headers_column=None, columns={"GroupId": "g", "SequenceNumber": "s", "ExpiryTime": "e",
                                                           "Status": "st", "Ordered": "o"})
-    got = {r.g: (r[REFUSED_RULE], r[REFUSED_REASON]) for r in out.collect()}
-    now = 1_800_000_000_000  # before every ExpiryTime above but -0
-    for g, s, e, st, o, _ in rows:
-        try:
-            m = message({"GroupId": g, "SequenceNumber": s, "ExpiryTime": e, "Status": st, "Ordered": o}, now, None,
-                        None, None, None)
-        except ValueError as exc:
-            want = ("invalid-message", str(exc))
-        else:
-            _, actions = group_rules.receive(group_rules.GroupState(g), m, now)
-            kinds = [a for a in actions if isinstance(a, (group_rules.Deliver, group_rules.Refuse, group_rules.Hold))]
-            assert len(kinds) == 1
-            a = kinds[0]
-            want = (a.rule, a.reason) if isinstance(a, group_rules.Refuse) else "held" if isinstance(
-                a, group_rules.Hold) else (None, None)
-        if want == "held":
-            assert g not in got, (g, s, e, st, o)
-        else:
-            assert got.get(g) == want, (g, s, e, st, o, got.get(g), want)
+    got = _judged_as_the_rules(out, [(g, {"SequenceNumber": s, "ExpiryTime": e, "Status": st, "Ordered": o})
+                                     for g, s, e, st, o, _ in rows])
     assert got["g0"] == (None, None) and got["g6"][0] == "expired" and got["g10"][0] == "invalid-message"
+
+
+def test_number_columns_are_judged_as_their_texts(spark, provider):
+    """Integer and timestamp columns for SequenceNumber and ExpiryTime: the plan tests their values without
+    making texts; at the edges (negative, 15 digits, 16, a long's largest) the outcome must be what the rules
+    give for the column's text."""
+    import datetime as dt
+
+    provider(ROCKSDB)
+    assert spark.streams is not None
+    top, far = 10 ** 15 - 1, 4102444800000
+    pairs = [(0, far), (-1, far), (top, far), (top + 1, far), (2 ** 63 - 1, far), (None, far), (5, -5), (5, top),
+             (5, top + 1), (5, -top - 1), (5, None)]
+    rows = [(f"g{i}", s, e, b"v") for i, (s, e) in enumerate(pairs)]
+    out = reliable_groups(spark.createDataFrame(rows, "g string, s long, e long, value binary"), headers_column=None,
+                          columns={"GroupId": "g", "SequenceNumber": "s", "ExpiryTime": "e"})
+    got = _judged_as_the_rules(out, [(g, {"SequenceNumber": None if s is None else str(s),
+                                          "ExpiryTime": None if e is None else str(e)}) for g, s, e, _ in rows])
+    assert got["g0"] == (None, None) and got["g2"] == (None, None) and got["g1"][0] == "invalid-message"
+    utc = dt.timezone.utc
+    times = [dt.datetime(2100, 1, 1, tzinfo=utc), dt.datetime(1999, 1, 1, tzinfo=utc), None]
+    rows = [(f"t{i}", 7, t, b"v") for i, t in enumerate(times)]
+    out = reliable_groups(spark.createDataFrame(rows, "g string, s int, e timestamp, value binary"),
+                          headers_column=None, columns={"GroupId": "g", "SequenceNumber": "s", "ExpiryTime": "e"})
+    got = _judged_as_the_rules(out, [(g, {"SequenceNumber": "7", "ExpiryTime": None if t is None else
+                                          str(int(t.timestamp() * 1000))}) for g, _, t, _ in rows])
+    assert got["t0"] == (None, None) and got["t1"][0] == "expired"
