@@ -329,12 +329,17 @@ def reliable_groups(df: DataFrame, *, headers: Mapping[str, str] | None = None,
         extracted.append(F.unix_millis(F.col("timestamp")).alias(_BASE))
     # Ties between copies of one number are broken by Kafka partition and offset, when the input has them.
     order = tuple(c for c in ("partition", "offset") if c in types and isinstance(types[c], IntegralType))
-    # A group id that is a string column already goes to the operator with the row: not sent twice.
-    group_kind, group_source = next((k, s) for f, k, s in settings.sources if f == "GroupId")
-    key = group_source if group_kind == "column" and isinstance(types[group_source], StringType) else _KEY
-    texts = tuple(f for f in present if f != "GroupId")
-    keyed = (_with_plain(df.select("*", *extracted), settings, texts, numbers, has_timestamp, key != _KEY)
-             .withColumn(_BUCKET, F.pmod(F.xxhash64(F.coalesce(F.col(key), F.lit(""))), F.lit(BUCKETS)).cast("int"))
+    # A field that is a column of the input goes to the operator with the row: it is not sent twice when the
+    # rules can read it there (a string group id; an integer number that is its own value for a plain row).
+    column = {f: s for f, k, s in settings.sources if k == "column"}
+    reused = {f: column[f] for f, t in (("GroupId", StringType), ("SequenceNumber", IntegralType),
+                                        ("ExpiryTime", IntegralType))
+              if f in column and isinstance(types[column[f]], t)
+              and not (f == "ExpiryTime" and settings.default_expiry is not None)}
+    keyed, layout = _with_plain(df.select("*", *extracted), settings, tuple(f for f in present if f != "GroupId"),
+                                numbers, reused, has_timestamp)
+    keyed = (keyed.withColumn(_BUCKET, F.pmod(F.xxhash64(F.coalesce(F.col(layout.key), F.lit(""))),
+                                              F.lit(BUCKETS)).cast("int"))
              .withColumn(_CLOCK, F.current_timestamp() + F.expr("INTERVAL 1 DAY"))
              .withWatermark(_CLOCK, "1 day")
              # The watermark follows the column without the operator reading it: a column less to send.
@@ -342,7 +347,7 @@ def reliable_groups(df: DataFrame, *, headers: Mapping[str, str] | None = None,
     payload = [StructField(f.name, f.dataType, True) for f in df.schema.fields]
     extra = [StructField(c, StringType(), True) for c in (REFUSED_RULE, REFUSED_REASON)]
     out = keyed.groupBy(_BUCKET).transformWithStateInPandas(
-        _BucketProcessor(settings, tuple(df.columns), tuple(keyed.columns), key, texts, has_timestamp, order),
+        _BucketProcessor(settings, tuple(df.columns), tuple(keyed.columns), layout, order),
         StructType([*payload, *extra, StructField(_OUTCOME, ByteType(), False)]), "Append", "EventTime")
     # The outcome is its index in OUTCOMES: a byte per row, where its name would be a string.
     counts = [F.count_if(F.col(_OUTCOME) == F.lit(i)).alias(o) for i, o in enumerate(OUTCOMES)]
@@ -350,19 +355,42 @@ def reliable_groups(df: DataFrame, *, headers: Mapping[str, str] | None = None,
             .where(F.col(_OUTCOME) <= F.lit(OUTCOMES.index("refused"))).drop(_OUTCOME))
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """Where the processor finds a message's parts among the operator's input columns; the plan decides.
+
+    Attributes:
+        key: the group's name: ``_KEY``, or the GroupId column when it is a string column.
+        seq: a plain row's sequence number: ``_SEQ``, or the SequenceNumber column when it is an integer column.
+        expiry: a plain row's ``ExpiryTime``: ``_EXPIRY``, or the ExpiryTime column (an integer column, no
+            default expiry).
+        plain: the column that marks plain rows, sent when ``seq`` is a column of the input; None: a plain row
+            is one with a number in ``_SEQ``.
+        texts: the fields whose texts a row that is not plain has in ``_TEXTS`` (a JSON array), in order; its
+            Kafka timestamp (ms) follows when ``has_timestamp``.
+    """
+
+    key: str
+    seq: str
+    expiry: str
+    plain: str | None
+    texts: tuple[str, ...]
+    has_timestamp: bool
+
+
 def _with_plain(df: DataFrame, settings: Settings, texts: tuple[str, ...], numbers: Mapping[str, Any],
-                has_timestamp: bool, keyed_by_column: bool) -> DataFrame:
+                reused: Mapping[str, str], has_timestamp: bool) -> tuple[DataFrame, _Layout]:
     """Marks the plain messages (a sequence number, an ``ExpiryTime`` and nothing else; unordered) and gives
     their two numbers as integers, in the JVM: such a row skips the rules' parsing, and its field texts are
     not sent to Python. Anything else (a status, parameters, order, a number in another form, a missing or
     malformed field) keeps its texts and takes the rules' own parsing, with its reasons.
 
-    ``numbers``: the value of a number field that comes from an integer or timestamp column.
+    ``numbers``: the value of a number field that comes from an integer or timestamp column; ``reused``: the
+    fields that the operator reads from ``df``'s own columns (named), as :class:`_Layout` says.
 
-    The operator gets ``df``'s columns, the group's name (``_KEY``, unless ``keyed_by_column``: the GroupId
-    column is sent anyway), the two numbers (null: not plain) and, for a row that is not plain, one text
-    column: a JSON array of the texts of the fields ``texts``, then of its Kafka timestamp in ms
-    (``has_timestamp``)."""
+    The operator gets ``df``'s columns, the group's name, the two numbers (null: not plain) and, for a row
+    that is not plain, one text column: a JSON array of the texts of the fields ``texts``, then of its Kafka
+    timestamp in ms (``has_timestamp``); the last returned says where each is."""
     from pyspark.sql import functions as F
 
     present = {_PREFIX + f for f in FIELDS} & set(df.columns)
@@ -398,9 +426,12 @@ def _with_plain(df: DataFrame, settings: Settings, texts: tuple[str, ...], numbe
           # JSON text, not an array column: pyspark converts an array column to pandas row by row, which
           # halved the step's throughput even with every row null.
           .withColumn(_TEXTS, F.when(~F.col(_PLAIN), F.to_json(F.array(*given)))))
-    # A plain row is one with a number in _SEQ: the mark itself is not sent.
-    internal = {_PLAIN, _BASE, *present, *([_KEY] if keyed_by_column else [])}
-    return df.select(*[c for c in df.columns if c not in internal])
+    layout = _Layout(reused.get("GroupId", _KEY), reused.get("SequenceNumber", _SEQ), reused.get("ExpiryTime", _EXPIRY),
+                     _PLAIN if "SequenceNumber" in reused else None, texts, has_timestamp)
+    # Not sent: the field texts (in _TEXTS), what the input's columns give, and the plain mark while a plain
+    # row is one with a number in _SEQ.
+    internal = {_BASE, *present, *({_KEY, _SEQ, _EXPIRY, _PLAIN} - {layout.key, layout.seq, layout.expiry, layout.plain})}
+    return df.select(*[c for c in df.columns if c not in internal]), layout
 
 
 def _last_header(headers_column: str, name: str) -> Any:
@@ -487,10 +518,9 @@ class _BucketProcessor(StatefulProcessor):
     the watermark that follows the micro-batches' time), at the earliest deadline of its groups.
     """
 
-    def __init__(self, settings: Settings, payload: tuple[str, ...], columns: tuple[str, ...], key: str,
-                 texts: tuple[str, ...], has_timestamp: bool, order: tuple[str, ...]) -> None:
-        self.settings, self.payload, self.has_timestamp, self.order = settings, payload, has_timestamp, order
-        self.columns, self.key, self.texts = columns, key, texts
+    def __init__(self, settings: Settings, payload: tuple[str, ...], columns: tuple[str, ...], layout: _Layout,
+                 order: tuple[str, ...]) -> None:
+        self.settings, self.payload, self.columns, self.layout, self.order = settings, payload, columns, layout, order
         self.limits = group_rules.Limits(settings.default_max_idle)
 
     def init(self, handle: Any) -> None:
@@ -618,9 +648,9 @@ class _BucketProcessor(StatefulProcessor):
                 continue
             values = json.loads(frame[_TEXTS].iat[i])  # the fields' texts, then the Kafka timestamp
             given: dict[str, str | None] = dict.fromkeys(FIELDS)  # absent fields: null
-            given.update(zip(self.texts, values))
+            given.update(zip(self.layout.texts, values))
             given["GroupId"] = group
-            base = values[-1] if self.has_timestamp else None
+            base = values[-1] if self.layout.has_timestamp else None
             try:
                 parsed.append((i, message(given, now, self.settings.default_expiry,
                                           None if base is None else int(base), self.settings.ordered, i)))
@@ -645,14 +675,15 @@ class _BucketProcessor(StatefulProcessor):
                                                               protocol=pickle.HIGHEST_PROTOCOL),))
         return state
 
-    @staticmethod
-    def _plain(frame: Any) -> tuple[Any, Any, Any]:
-        """Which rows are plain, with their numbers and ``ExpiryTime`` as int64 arrays (the plan computed them)."""
+    def _plain(self, frame: Any) -> tuple[Any, Any, Any]:
+        """Which rows are plain, with their numbers and ``ExpiryTime`` as int64 arrays (the plan computed them;
+        a row that is not plain has -1 and 0)."""
         import numpy as np
 
-        plain = frame[_SEQ].notna().to_numpy(dtype=bool)
-        return (plain, frame[_SEQ].fillna(-1).to_numpy(dtype=np.int64),
-                frame[_EXPIRY].fillna(0).to_numpy(dtype=np.int64))
+        layout = self.layout
+        plain = (frame[layout.plain] if layout.plain else frame[layout.seq].notna()).to_numpy(dtype=bool)
+        return (plain, frame[layout.seq].where(plain, -1).to_numpy(dtype=np.int64),
+                frame[layout.expiry].where(plain, 0).to_numpy(dtype=np.int64))
 
     # -- Spark's calls
 
@@ -677,7 +708,7 @@ class _BucketProcessor(StatefulProcessor):
             raise LastAgentError(f"lastagent.reliable_groups: Spark gave the operator no micro-batch time ({now!r}); "
                                  "the rules cannot run without it")
         plain, seqs, expiries = self._plain(frame)
-        names = frame[self.key]
+        names = frame[self.layout.key]
         groups_col = (names.fillna("") if names.hasnans else names).to_numpy(dtype=object)  # null: "" (missing)
         codes, _ = pd.factorize(groups_col, sort=True)
         keys = [*(frame[c].fillna(0).to_numpy(dtype=np.int64) for c in reversed(self.order)), seqs, codes]

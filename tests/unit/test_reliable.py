@@ -159,7 +159,7 @@ def test_without_the_micro_batch_time_the_processor_stops_and_changes_nothing(ba
     from pyspark.sql.streaming.stateful_processor import TimerValues
 
     from lastagent.errors import LastAgentError
-    from lastagent.reliable import _EXPIRY, _SEQ, _TEXTS, _BucketProcessor
+    from lastagent.reliable import _EXPIRY, _KEY, _SEQ, _TEXTS, _BucketProcessor, _Layout
 
     class Handle:  # a state store that records every call
         calls: list[str] = []
@@ -176,10 +176,11 @@ def test_without_the_micro_batch_time_the_processor_stops_and_changes_nothing(ba
 
     settings = Settings.parse(headers=None, columns={"GroupId": "g"}, headers_column=None, ordered=False,
                               default_expiry=None, default_max_idle=None, name="m")
-    processor = _BucketProcessor(settings, ("g",), ("g", _SEQ, _EXPIRY, _TEXTS), "g", (), False, ())
+    processor = _BucketProcessor(settings, ("g",), ("g", _KEY, _SEQ, _EXPIRY, _TEXTS),
+                                 _Layout(_KEY, _SEQ, _EXPIRY, None, (), False), ())
     handle = Handle()
     processor.init(handle)
-    frame = pd.DataFrame({"g": ["a"], _SEQ: [1.0], _EXPIRY: [9e12], _TEXTS: [None]})
+    frame = pd.DataFrame({"g": ["a"], _KEY: ["a"], _SEQ: [1.0], _EXPIRY: [9e12], _TEXTS: [None]})
     with pytest.raises(LastAgentError, match="no micro-batch time"):
         list(processor.handleInputRows(("a",), iter([frame]), TimerValues(batch_time, 0)))
     assert handle.calls == []
