@@ -364,8 +364,6 @@ class _Layout:
         seq: a plain row's sequence number: ``_SEQ``, or the SequenceNumber column when it is an integer column.
         expiry: a plain row's ``ExpiryTime``: ``_EXPIRY``, or the ExpiryTime column (an integer column, no
             default expiry).
-        plain: the column that marks plain rows, sent when ``seq`` is a column of the input; None: a plain row
-            is one with a number in ``_SEQ``.
         texts: the fields whose texts a row that is not plain has in ``_TEXTS`` (a JSON array), in order; its
             Kafka timestamp (ms) follows when ``has_timestamp``.
     """
@@ -373,9 +371,14 @@ class _Layout:
     key: str
     seq: str
     expiry: str
-    plain: str | None
     texts: tuple[str, ...]
     has_timestamp: bool
+
+    @property
+    def plain(self) -> str | None:
+        """The column that marks plain rows, sent when ``seq`` is a column of the input; None: a plain row is
+        one with a number in ``_SEQ``."""
+        return None if self.seq == _SEQ else _PLAIN
 
 
 def _with_plain(df: DataFrame, settings: Settings, texts: tuple[str, ...], numbers: Mapping[str, Any],
@@ -427,7 +430,7 @@ def _with_plain(df: DataFrame, settings: Settings, texts: tuple[str, ...], numbe
           # halved the step's throughput even with every row null.
           .withColumn(_TEXTS, F.when(~F.col(_PLAIN), F.to_json(F.array(*given)))))
     layout = _Layout(reused.get("GroupId", _KEY), reused.get("SequenceNumber", _SEQ), reused.get("ExpiryTime", _EXPIRY),
-                     _PLAIN if "SequenceNumber" in reused else None, texts, has_timestamp)
+                     texts, has_timestamp)
     # Not sent: the field texts (in _TEXTS), what the input's columns give, and the plain mark while a plain
     # row is one with a number in _SEQ.
     internal = {_BASE, *present, *({_KEY, _SEQ, _EXPIRY, _PLAIN} - {layout.key, layout.seq, layout.expiry, layout.plain})}

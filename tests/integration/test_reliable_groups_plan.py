@@ -130,6 +130,11 @@ def test_number_columns_are_judged_as_their_texts(spark, provider):
     got = _judged_as_the_rules(out, [(g, {"SequenceNumber": None if s is None else str(s),
                                           "ExpiryTime": None if e is None else str(e)}) for g, s, e, _ in rows])
     assert got["g0"] == (None, None) and got["g2"] == (None, None) and got["g1"][0] == "invalid-message"
+    # The string group id column is read where it is: a null one is missing, not a group named "None".
+    out = reliable_groups(spark.createDataFrame([(None, 1, far, b"v"), ("None", 1, far, b"w")],
+                                                "g string, s long, e long, value binary"),
+                          headers_column=None, columns={"GroupId": "g", "SequenceNumber": "s", "ExpiryTime": "e"})
+    assert sorted((r.value, r[REFUSED_RULE]) for r in out.collect()) == [(b"v", "invalid-message"), (b"w", None)]
     utc = dt.timezone.utc
     times = [dt.datetime(2100, 1, 1, tzinfo=utc), dt.datetime(1999, 1, 1, tzinfo=utc), None]
     rows = [(f"t{i}", 7, t, b"v") for i, t in enumerate(times)]

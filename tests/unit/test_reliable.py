@@ -177,7 +177,7 @@ def test_without_the_micro_batch_time_the_processor_stops_and_changes_nothing(ba
     settings = Settings.parse(headers=None, columns={"GroupId": "g"}, headers_column=None, ordered=False,
                               default_expiry=None, default_max_idle=None, name="m")
     processor = _BucketProcessor(settings, ("g",), ("g", _KEY, _SEQ, _EXPIRY, _TEXTS),
-                                 _Layout(_KEY, _SEQ, _EXPIRY, None, (), False), ())
+                                 _Layout(_KEY, _SEQ, _EXPIRY, (), False), ())
     handle = Handle()
     processor.init(handle)
     frame = pd.DataFrame({"g": ["a"], _KEY: ["a"], _SEQ: [1.0], _EXPIRY: [9e12], _TEXTS: [None]})
