@@ -279,6 +279,38 @@ class InMemoryArbitrationStore:
         return len(doomed)
 
 
+class LatestTable:
+    """A Delta table at its newest version, opened once per thread and brought up to date on each call. Driver.
+
+    Opening a table reads every log entry since its last checkpoint; an update reads only the
+    entries written since the previous call (delta-rs' incremental update), so a query start
+    that looks at the table several times reads its log once. Every call still returns the
+    newest version. Each thread keeps its own DeltaTable: a decider commits on the snapshot it
+    checked, and another thread's commit must not move that snapshot under it.
+    """
+
+    def __init__(self, uri: str, storage_options: dict[str, str] | None) -> None:
+        self.uri = uri
+        self.storage_options = storage_options
+        self._local = threading.local()
+
+    def get(self) -> Any:
+        """The DeltaTable; raises as ``deltalake.DeltaTable`` does (TableNotFoundError, I/O errors)."""
+        from deltalake import DeltaTable
+
+        table = getattr(self._local, "table", None)
+        try:
+            if table is None:
+                table = DeltaTable(self.uri, storage_options=self.storage_options)
+            else:
+                table.update_incremental()
+        except BaseException:
+            self._local.table = None
+            raise
+        self._local.table = table
+        return table
+
+
 class DeltaArbitrationStore:
     """Arbitration rows in a Delta table, written with deltalake (delta-rs) from the driver.
 
@@ -297,13 +329,13 @@ class DeltaArbitrationStore:
         self._config = storage or StorageConfig()
         self._where = location(self.path, "arbitrationTable")
         self._storage = self._config.delta_options(self._where)
+        self._latest = LatestTable(self._where.uri, self._storage)
 
     def _table(self):  # noqa: ANN202 — deltalake type
-        from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
 
         try:
-            table = DeltaTable(self._where.uri, storage_options=self._storage)
+            table = self._latest.get()
         except TableNotFoundError:
             return None
         except Exception as exc:  # noqa: BLE001 — any read failure means "cannot decide now"

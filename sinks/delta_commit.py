@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from lastagent.arbitration import (ArbitrationError, ArbitrationRecord, Decision, LinkMismatchError, Ownership,
-                                   claim_on_delta, delta_ownership, stale)
+from lastagent.arbitration import (ArbitrationError, ArbitrationRecord, Decision, LatestTable, LinkMismatchError,
+                                   Ownership, claim_on_delta, delta_ownership, stale)
 from lastagent.errors import LastAgentError
 from lastagent.sinks import delta_files
 from lastagent.storage import Location, StorageConfig, location
@@ -122,14 +122,15 @@ class TargetTableStore:
         self.merge_schema = merge_schema
         self.fallback_schema_json = fallback_schema_json
         self.checkpoint_location = checkpoint_location
+        self._latest = LatestTable(self._where.uri, self.storage.delta_options(self._where))
 
     def table(self) -> Any:
-        """The DeltaTable, or None while the table does not exist."""
-        from deltalake import DeltaTable
+        """The DeltaTable at its newest version (:class:`~lastagent.arbitration.LatestTable`), or None
+        while the table does not exist."""
         from deltalake.exceptions import TableNotFoundError
 
         try:
-            return DeltaTable(self._where.uri, storage_options=self.storage.delta_options(self._where))
+            return self._latest.get()
         except TableNotFoundError:
             return None
         except Exception as exc:  # noqa: BLE001 — any read failure means "cannot decide now"

@@ -130,6 +130,41 @@ class _Stats:
                           separators=(",", ":"))
 
 
+#: A column keeps parquet's dictionary encoding when at most this share of its values is distinct.
+DICTIONARY_MAX_DISTINCT = 0.5
+
+
+def dictionary_columns(batch: pa.RecordBatch) -> list[str]:
+    """The parquet columns of a new file worth a dictionary, judged on its first batch. Executor.
+
+    pyarrow dictionary-encodes every column until a row group's dictionary passes 1 MB; for
+    columns whose values rarely repeat (Kafka keys, offsets, random payloads) that is work that
+    only makes the file larger. Spark's parquet writer drops the dictionary as soon as it stops
+    paying; here a top-level column keeps it when at most half of the first batch's values are
+    distinct. Nested columns (headers) keep theirs, as before.
+    """
+    import io
+
+    import pyarrow.parquet as pq
+
+    keep = []
+    for name, col in zip(batch.schema.names, batch.columns):
+        if pa.types.is_nested(col.type):
+            continue
+        present = len(col) - col.null_count
+        if present == 0 or pc.count_distinct(col).as_py() <= DICTIONARY_MAX_DISTINCT * present:
+            keep.append(name)
+    nested = {n for n, t in zip(batch.schema.names, batch.schema.types) if pa.types.is_nested(t)}
+    if nested:
+        # pyarrow names a nested column's parts by their leaf paths (headers.list.element.key, ...):
+        # read them off an empty file of the same schema.
+        empty = io.BytesIO()
+        pq.write_table(batch.schema.empty_table(), empty)
+        leaves = pq.ParquetFile(io.BytesIO(empty.getvalue())).schema
+        keep += [c.path for c in (leaves.column(i) for i in range(len(leaves))) if c.path.split(".")[0] in nested]
+    return keep
+
+
 @dataclass
 class _OpenFile:
     relative: str
@@ -201,7 +236,9 @@ class FileWriter:
             self.fs.create_dir(f"{self.root}/{dirs}".rstrip("/"), recursive=True)
             stream = self.fs.open_output_stream(full)
             self._written.append(full)
-            f = _OpenFile(relative, stream, pq.ParquetWriter(stream, batch.schema, compression="snappy"), values)
+            writer = pq.ParquetWriter(stream, batch.schema, compression="snappy",
+                                      use_dictionary=dictionary_columns(batch))
+            f = _OpenFile(relative, stream, writer, values)
             self._open[key] = f
         f.writer.write_batch(batch)
         f.stats.add(batch)

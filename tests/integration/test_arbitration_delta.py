@@ -115,6 +115,35 @@ def test_one_owner_per_link_and_a_superseded_run_decides_nothing(any_store):
         any_store.decide(_rec(1, "fenced"), again.generation)
 
 
+@pytest.mark.parametrize("kind", ["delta", "target", "delta-s3", "target-s3"])
+def test_a_store_sees_what_another_store_committed_since_its_last_look(kind, tmp_path, request):
+    """A store opens its table once and then reads only newer log entries: every call must still see
+    the newest version, or a decision could be taken on a stale view."""
+    from lastagent.arbitration import StaleOwnerError
+
+    kind, _, place = kind.partition("-")
+    base, storage = str(tmp_path), None
+    if place == "s3":
+        s3 = request.getfixturevalue("s3")
+        base, storage = f"s3a://{s3.bucket()}/tables", s3.config()
+
+    def make():
+        return _target(base, storage) if kind == "target" else DeltaArbitrationStore(f"{base}/arb", storage)
+
+    mine, other = make(), make()
+    old = mine.claim("orders", "q")
+    assert mine.latest_epoch("orders") is None  # mine has looked at the table
+    new = other.claim("orders", "q")
+    assert other.decide(_rec(0, "other"), new.generation).won
+    assert mine.latest_epoch("orders") == 0 and mine.get("orders", 0).branches == ("other",)
+    assert mine.ownership("orders") == new
+    with pytest.raises(StaleOwnerError):
+        mine.decide(_rec(1, "mine"), old.generation)
+    assert not mine.decide(_rec(0, "mine"), new.generation).won  # follows the other's decision
+    assert mine.decide(_rec(1, "mine"), new.generation).won
+    assert other.get("orders", 1).branches == ("mine",)
+
+
 def test_claim_racing_a_decision_leaves_no_decision_of_the_old_generation(tmp_path):
     """A claim and a decision that read the same snapshot: Delta lets one commit; a decision that
     lands must be of the generation that stood when it committed."""

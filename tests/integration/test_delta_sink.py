@@ -318,3 +318,27 @@ def test_racing_deciders_on_the_target_table_one_wins_and_the_loser_drops_its_fi
 
     assert [p.rsplit("/", 1)[-1] for p in DeltaTable(store.path).file_uris()] == [f"part-{winner}.parquet"]
     assert not (tmp_path / "t" / f"part-{loser}.parquet").exists()
+
+
+def test_data_files_drop_the_dictionary_of_distinct_columns_and_read_back_whole(tmp_path):
+    """A task's parquet file: plain encoding for the distinct key, a dictionary for the repeated topic;
+    the rows read back as written (the encodings Spark's reader meets in the table)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lastagent.sinks.delta_files import FileWriter
+
+    n = 20_000
+    batch = pa.record_batch({"key": pa.array([f"k{i}" for i in range(n)]), "topic": pa.array(["t"] * n),
+                             "offset": pa.array(range(n), pa.int64())})
+    files = FileWriter(str(tmp_path), "l", 1, 0, 0, 0)
+    for start in range(0, n, 5000):
+        files.write(batch.slice(start, 5000))
+    [add] = files.close()
+    written = pq.ParquetFile(tmp_path / add["path"])
+    encodings = {written.metadata.row_group(0).column(i).path_in_schema: written.metadata.row_group(0).column(i).encodings
+                 for i in range(3)}
+    assert "RLE_DICTIONARY" not in encodings["key"] and "RLE_DICTIONARY" not in encodings["offset"], encodings
+    assert "RLE_DICTIONARY" in encodings["topic"], encodings
+    assert written.read().equals(pa.Table.from_batches([batch]))
+    assert json.loads(add["stats"])["numRecords"] == n

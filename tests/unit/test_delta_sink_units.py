@@ -177,3 +177,24 @@ def test_dead_letter_table_row_carries_the_reason_columns():
 def test_dead_letter_table_alone_needs_no_kafka():
     o = DeltaSinkOptions.parse({**BASE, "deadLetterTable": "/dead"})
     assert o.dead_letter_table == "/dead" and not o.has_kafka
+
+
+def test_parquet_dictionary_only_where_values_repeat():
+    """Keys, offsets and payloads that rarely repeat are written plain; topic, partition and
+    header leaves keep their dictionary (pyarrow would dictionary-encode every column)."""
+    from lastagent.sinks.delta_files import dictionary_columns
+
+    n = 1000
+    headers = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+    batch = pa.record_batch({
+        "key": pa.array([str(i) for i in range(n)]),
+        "value": pa.array([i.to_bytes(4, "big") for i in range(n)], pa.binary()),
+        "topic": pa.array(["orders"] * n),
+        "partition": pa.array([i % 3 for i in range(n)], pa.int32()),
+        "offset": pa.array(range(n), pa.int64()),
+        "half": pa.array([i // 2 for i in range(n)], pa.int64()),  # exactly half distinct: kept
+        "nothing": pa.nulls(n, pa.string()),
+        "headers": pa.array([[{"key": "h", "value": b"v"}]] * n, headers),
+    })
+    assert dictionary_columns(batch) == ["topic", "partition", "half", "nothing",
+                                         "headers.list.element.key", "headers.list.element.value"]
