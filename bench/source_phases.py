@@ -29,12 +29,13 @@ from confluent_kafka import Consumer, TopicPartition
 from kafka.admin import KafkaAdminClient
 
 from lastagent._native import RangeConsumer
+from lastagent.sources.kafka_source import consumer_settings
 from lastagent.spark_session import local_session
 
 ROWS = int(os.environ.get("BENCH_PHASE_ROWS", "1000000"))
-SETTINGS = [("bootstrap.servers", BOOTSTRAP), ("group.id", "bench-phases"), ("enable.partition.eof", "true"),
-            ("auto.offset.reset", "error"), ("isolation.level", "read_committed"),
-            ("queued.max.messages.kbytes", "16384"), ("fetch.max.bytes", str(16 << 20)), ("fetch.wait.max.ms", "50")]
+#: The settings of the source's task consumers (consumer_settings), read_committed.
+SETTINGS = list(consumer_settings({"bootstrap.servers": BOOTSTRAP, "isolation.level": "read_committed"},
+                                  "bench-phases").items())
 
 
 def native_read(topic: str, headers: bool) -> float:

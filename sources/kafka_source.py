@@ -342,7 +342,20 @@ def _checkout(client: KafkaConfig, group_id_prefix: str = "lastagent-source") ->
     idle = _IDLE.get(key)
     if idle:
         return key, idle.pop()
-    settings = {
+    settings = consumer_settings(config, group_id_prefix)
+    try:
+        return key, RangeConsumer(list(settings.items()))
+    except SettingRefused as e:
+        raise OptionError(f"kafka.{e.args[0]}", f"rejected by the Kafka client: {e.args[1]}") from None
+    except NativeKafkaError as e:
+        raise KafkaProtocolError(f"the source's Kafka consumer: {e}") from e
+
+
+def consumer_settings(config: dict[str, str], group_id_prefix: str) -> dict[str, str]:
+    """librdkafka settings of a task's consumer: the user's ``kafka.*`` settings over lastagent's
+    defaults, and the few a range read depends on, which no setting overrides. No I/O; executor.
+    """
+    return {
         # Bounded prefetch: the client's queue, not the partition's size, sets memory use.
         "queued.max.messages.kbytes": "16384",
         "fetch.max.bytes": str(16 * 1024 * 1024),
@@ -350,6 +363,11 @@ def _checkout(client: KafkaConfig, group_id_prefix: str = "lastagent-source") ->
         # the end of the log held by the broker for up to this long (librdkafka's default: 500 ms).
         # A range never waits for records beyond the last stable offset, so the long poll buys nothing.
         "fetch.wait.max.ms": "50",
+        # Once the queue holds its limit (16 MB or queued.min.messages), librdkafka stops fetching
+        # for fetch.queue.backoff.ms, 1 s by default: a task that drains the queue while Spark takes
+        # its batches then sits idle for the rest of that second. Measured: a 1,000,000-record range
+        # spent 2.1-3.9 s in the client's batch calls in a Spark task, against 0.3 s outside Spark.
+        "fetch.queue.backoff.ms": "10",
         **config,
         "group.id": config.get("group.id") or f"{group_id_prefix}-{uuid.uuid4().hex[:12]}",
         "enable.auto.commit": "false",
@@ -358,12 +376,6 @@ def _checkout(client: KafkaConfig, group_id_prefix: str = "lastagent-source") ->
         # Out-of-range is data loss; failOnDataLoss decides, never a silent reset.
         "auto.offset.reset": "error",
     }
-    try:
-        return key, RangeConsumer(list(settings.items()))
-    except SettingRefused as e:
-        raise OptionError(f"kafka.{e.args[0]}", f"rejected by the Kafka client: {e.args[1]}") from None
-    except NativeKafkaError as e:
-        raise KafkaProtocolError(f"the source's Kafka consumer: {e}") from e
 
 
 def _checkin(key: tuple[tuple[str, str], ...], consumer: Any) -> None:

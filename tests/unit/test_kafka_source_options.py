@@ -154,3 +154,18 @@ def test_ending_options_are_checked_for_the_kind_of_read(extra, batch, option, w
     with pytest.raises(OptionError) as e:
         KafkaSourceOptions.parse({**BASE, **extra}, batch=batch)
     assert e.value.option == option and words in str(e.value)
+
+
+def test_task_consumer_settings_defaults_user_settings_and_fixed_ones():
+    """lastagent's defaults (bounded prefetch, no 1 s fetch backoff once the queue is full) give way to
+    the user's kafka.* settings; what a range read depends on does not."""
+    from lastagent.sources.kafka_source import consumer_settings
+
+    ours = consumer_settings({"bootstrap.servers": "b:9092"}, "lastagent-source")
+    assert ours["fetch.queue.backoff.ms"] == "10" and ours["queued.max.messages.kbytes"] == "16384"
+    assert ours["fetch.wait.max.ms"] == "50" and ours["group.id"].startswith("lastagent-source-")
+    theirs = consumer_settings({"fetch.queue.backoff.ms": "1000", "group.id": "mine", "auto.offset.reset": "earliest",
+                                "enable.auto.commit": "true", "enable.partition.eof": "false"}, "lastagent-source")
+    assert theirs["fetch.queue.backoff.ms"] == "1000" and theirs["group.id"] == "mine"
+    assert (theirs["auto.offset.reset"], theirs["enable.auto.commit"], theirs["enable.partition.eof"]) == (
+        "error", "false", "true")
