@@ -39,6 +39,12 @@ struct Reports {
 
 const KEEP_FAILURES: usize = 16;
 
+/// How long to wait when librdkafka's queue is full before offering the record again, in ms.
+/// With delivery.report.only.error a successful delivery is no event, so a poll waits out its
+/// whole timeout however soon the queue has room: at 100 ms the queue (100,000 records by
+/// default) could run empty while the broker would take more.
+const QUEUE_FULL_WAIT_MS: c_int = 5;
+
 extern "C" {
     #[link_name = "rd_kafka_err2name"]
     fn err2name_raw(err: c_int) -> *const c_char;
@@ -258,7 +264,7 @@ impl BranchProducer {
                     // Local queue full: serve delivery reports until there is room. Bounded memory.
                     py.detach(move || {
                         let c = c;
-                        unsafe { rd::rd_kafka_poll(c.0, 100) }
+                        unsafe { rd::rd_kafka_poll(c.0, QUEUE_FULL_WAIT_MS) }
                     });
                 }
                 err => return Ok(Some((err_name(err), err_text(err)))),
@@ -310,7 +316,7 @@ impl BranchProducer {
                 }
                 match unsafe { rd::rd_kafka_last_error() } {
                     rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__QUEUE_FULL => unsafe {
-                        rd::rd_kafka_poll(c.0, 100); // local queue full: bounded memory
+                        rd::rd_kafka_poll(c.0, QUEUE_FULL_WAIT_MS); // local queue full: bounded memory
                     },
                     err => {
                         failed = Some((err_name(err), err_text(err)));
