@@ -1,8 +1,8 @@
 """The ``lastagent-delta`` streaming sink: a Delta table as the last agent, with Kafka side outputs.
 
 * ``__init__`` runs on the driver at query start and again for each epoch's commit: it only
-  parses the options. Query start is the first pickling of the writer (pyspark ships it to the
-  tasks; see :mod:`lastagent.sinks.query_run`): it reads the table's schema, checks the query
+  parses the options. The start runs when the writer is pickled to ship it to an epoch's tasks
+  (before every epoch; see :mod:`lastagent.sinks.query_run`): it reads the table's schema, checks the query
   against it, claims the link's next generation, finishes what a crash left (Kafka side-output
   branches of decided epochs committed, the rest rolled back) and deletes data files no
   decision references.
@@ -180,7 +180,7 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
             transformer.load(self.options.transformer)  # fail at start, naming the option
 
     def start(self) -> Started:
-        """Checks the table, claims the link and recovers what earlier runs left. Driver, once per run."""
+        """Checks the table, claims the link and recovers what earlier runs left. Driver, before each epoch's tasks."""
         from lastagent.committer import Committer
 
         opts = self.options

@@ -1,14 +1,14 @@
 """The exactly-once ``lastagent-kafka`` streaming sink: Spark's writer, on both sides.
 
-* ``__init__`` runs on the driver when the query starts, and again (pyspark builds a fresh
+* ``__init__`` runs on the driver before each epoch's tasks, and again (pyspark builds a fresh
   writer from the same options) for each epoch's commit / abort. It only parses and checks:
   it cannot know which of the two it is, so it changes nothing.
-* Query start is told apart positively: pyspark pickles the writer only to ship it to the
-  tasks (:class:`~lastagent.sinks.query_run.StartsWhenShipped`). Before the first pickle, the driver claims the link's next
-  generation and finishes what a crash left: open branches of decided epochs are committed,
-  every other open branch of earlier generations is rolled back. The pickled writer carries
-  the generation, so no task can run without that recovery, and its commit messages prove
-  which run they belong to.
+* The start is told apart positively: pyspark pickles the writer only to ship it to the tasks,
+  which happens before every epoch's tasks (:class:`~lastagent.sinks.query_run.StartsWhenShipped`).
+  Before each pickle, the driver claims the link's next generation and finishes what a crash left:
+  open branches of decided epochs are committed, every other open branch of earlier generations is
+  rolled back. The pickled writer carries the generation, so no task can run without that
+  recovery, and its commit messages prove which run they belong to.
 * ``write`` runs on executors, one Spark task attempt = one branch: a Kafka transaction
   with a transactional.id named by link, generation, partition and attempt, flushed and left
   open (prepared). Its handle is the commit message.
@@ -67,7 +67,7 @@ class KafkaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
         self.started: Started | None = None
 
     def start(self) -> Started:
-        """Claims the link's next generation and recovers what earlier runs left. Driver, once per run."""
+        """Claims the link's next generation and recovers what earlier runs left. Driver, before each epoch's tasks."""
         from lastagent.committer import Committer
 
         require_reachable(self.options.storage, {"arbitrationTable": self.options.arbitration_table,

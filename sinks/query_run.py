@@ -1,9 +1,11 @@
 """One run of a link, as the sinks' writers see it: started when shipped, named by its generation.
 
-Spark builds a sink's writer through ``streamWriter`` both when a query starts and before each
-epoch's commit / abort, and nothing in that call tells the two apart. What does: pyspark pickles
-the writer only to ship it to the tasks, at query start. :class:`StartsWhenShipped` runs the
-query start (claim the link's next generation, recover) right then, once, and ships its result
+Spark builds a sink's writer through ``streamWriter`` both to ship it to an epoch's tasks and
+before each epoch's commit / abort, and nothing in that call tells the two apart. What does: pyspark
+pickles the writer only to ship it to the tasks. Spark plans every micro-batch's write anew, so that
+happens before each epoch's tasks, not only when the query starts (seen with pyspark 4.2: one claim
+per epoch, ``docs/benchmarks.md``): each epoch runs as a generation of its own. :class:`StartsWhenShipped`
+runs the start (claim the link's next generation, recover) right then, and ships its result
 (:class:`Started`) inside the writer; tasks refuse to write without it, and their commit messages
 carry the generation the driver must decide for.
 """
