@@ -152,7 +152,11 @@ def dictionary_columns(batch: pa.RecordBatch) -> list[str]:
         if pa.types.is_nested(col.type):
             continue
         present = len(col) - col.null_count
-        if present == 0 or pc.count_distinct(col).as_py() <= DICTIONARY_MAX_DISTINCT * present:
+        try:
+            repeats = present == 0 or pc.count_distinct(col).as_py() <= DICTIONARY_MAX_DISTINCT * present
+        except pa.ArrowNotImplementedError:
+            repeats = True  # a type Arrow cannot count: keep pyarrow's default (a dictionary)
+        if repeats:
             keep.append(name)
     nested = {n for n, t in zip(batch.schema.names, batch.schema.types) if pa.types.is_nested(t)}
     if nested:
