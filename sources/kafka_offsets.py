@@ -249,6 +249,39 @@ class OffsetReader:
 
         return self._list_offsets({tp: OffsetSpec.for_timestamp(ts) for tp, ts in stamps.items()})
 
+    def require_group_access(self) -> None:
+        """Fails at query start when the principal may not use the consumer group the tasks' consumers
+        name (``kafka.group.id``, else one prefixed by ``groupIdPrefix``).
+
+        The tasks' clients learn of a refused group from the group coordinator while they fetch, so a
+        short range could finish before the refusal arrives and another would fail: asking here makes
+        the outcome the same every time. Driver side.
+
+        Raises:
+            KafkaProtocolError: the broker refused; names the ACL needed.
+        """
+        import time
+        import uuid
+
+        from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException
+
+        group = self.options.group_id or f"{self.options.group_id_prefix}-{uuid.uuid4().hex[:12]}"
+        deadline = time.monotonic() + self.timeout
+        while True:
+            future = self.admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)],
+                                                            request_timeout=self.timeout)[group]
+            try:
+                future.result(timeout=self.timeout)
+                return
+            except KafkaException as e:
+                err: Any = e.args[0] if e.args else None
+                # A new broker's group coordinator answers "load in progress" for a moment: ask again.
+                settling = hasattr(err, "name") and err.name() in _COORDINATOR_SETTLING
+                if not (settling or (hasattr(err, "retriable") and err.retriable())) or time.monotonic() > deadline:
+                    raise KafkaProtocolError(f"check the consumer group failed for {group}: {_kafka_error(e)}",
+                                             retriable=False) from e
+            time.sleep(0.1)
+
     def _group(self) -> str:
         group = self.options.group_id
         if group is None:
@@ -274,6 +307,9 @@ class OffsetReader:
         self._wait(self.admin.alter_consumer_group_offsets(request, request_timeout=self.timeout),
                    "commit group offsets")
 
+
+#: Group-coordinator answers that pass once the coordinator has settled (a new broker, a moved group).
+_COORDINATOR_SETTLING = {"COORDINATOR_LOAD_IN_PROGRESS", "COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR"}
 
 #: librdkafka consumer settings an admin client would only warn about; kept for executors.
 _CONSUMER_ONLY = {"group.id", "isolation.level", "fetch.min.bytes", "fetch.max.bytes", "fetch.wait.max.ms",

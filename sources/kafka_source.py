@@ -94,6 +94,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._latest: dict[TP, int] = {}
         self._group_committed: dict[TP, int] = {}
         self._known = set(self.offsets.partitions(must_exist=True))
+        self.offsets.require_group_access()
 
     @property
     def offsets(self) -> OffsetReader:
@@ -298,6 +299,7 @@ class KafkaBatchReader(DataSourceReader):
         """Driver: resolves both ends now and cuts the offset ranges into Spark partitions."""
         reader = OffsetReader(self.options)
         tps = reader.partitions(must_exist=True)
+        reader.require_group_access()
         begin = starting_offsets(reader, self.options, tps)
         end = ending_offsets(reader, self.options, tps)
         begin = check_loss(begin, reader.earliest(tps), self.options.fail_on_data_loss)
