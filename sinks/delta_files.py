@@ -147,9 +147,10 @@ def dictionary_columns(batch: pa.RecordBatch) -> list[str]:
 
     import pyarrow.parquet as pq
 
+    nested = {n for n, t in zip(batch.schema.names, batch.schema.types) if pa.types.is_nested(t)}
     keep = []
     for name, col in zip(batch.schema.names, batch.columns):
-        if pa.types.is_nested(col.type):
+        if name in nested:
             continue
         present = len(col) - col.null_count
         try:
@@ -158,7 +159,6 @@ def dictionary_columns(batch: pa.RecordBatch) -> list[str]:
             repeats = True  # a type Arrow cannot count: keep pyarrow's default (a dictionary)
         if repeats:
             keep.append(name)
-    nested = {n for n, t in zip(batch.schema.names, batch.schema.types) if pa.types.is_nested(t)}
     if nested:
         # pyarrow names a nested column's parts by their leaf paths (headers.list.element.key, ...):
         # read them off an empty file of the same schema.

@@ -253,6 +253,17 @@ def test_a_source_without_read_names_what_it_needs(granted, says, secured_kafka,
     assert says in str(err.value)
 
 
+def test_a_source_without_group_read_fails_even_with_nothing_to_read(secured_kafka, new_secured_topic, grant, spark):
+    """The consumer group is checked at query start: the outcome does not hang on whether a task's client
+    heard the group coordinator's refusal before its range ended (here there is no range at all)."""
+    empty = new_secured_topic(partitions=1, prefix="empty")
+    grant_all(grant, [("TOPIC", empty, ["READ", "DESCRIBE"], "LITERAL")])
+    reader = spark.read.format("lastagent-kafka").options(**secured_kafka.kafka_options(USER)).option("subscribe", empty)
+    with pytest.raises(Exception) as err:
+        reader.load().collect()
+    assert "the principal needs Read on the consumer Group: kafka.group.id" in str(err.value)
+
+
 # -- login, TLS and reachability: clear, bounded, nothing written --------------------------------------
 
 
