@@ -143,6 +143,11 @@ def producer_config(client_config: KafkaConfig | Mapping[str, str], transactiona
     # librdkafka buffers up to 1 GB by default; a branch only needs enough to keep batches
     # flowing, and the Python worker must stay bounded whatever a partition's size.
     config.setdefault("queue.buffering.max.kbytes", 32_768)
+    # A keyed record goes where Spark's kafka sink (the Java producer) puts it: murmur2 of the key.
+    # librdkafka's own default (consistent_random, a CRC32) would send a key to another partition,
+    # so a query moved between the two formats, or a topic shared with Java producers, would split
+    # a key's records over two partitions and lose their order. kafka.partitioner still wins.
+    config.setdefault("partitioner", "murmur2_random")
     config.update({
         "transactional.id": transactional_id,
         "transaction.timeout.ms": int(timeout_ms),

@@ -25,6 +25,14 @@ def test_parse_defaults_and_passthrough():
     assert o.transactional_id(1, 3, 1) != o.transactional_id(1, 3, 0) != o.transactional_id(1, 2, 0) != o.transactional_id(2, 3, 1)
 
 
+def test_branch_producers_partition_keys_as_the_java_producer_unless_told_otherwise():
+    from lastagent.kafka_xa import producer_config
+
+    assert producer_config(KafkaSinkOptions.parse(BASE).client_config, "t-1", 60_000)["partitioner"] == "murmur2_random"
+    chosen = KafkaSinkOptions.parse({**BASE, "kafka.partitioner": "consistent_random"}).client_config
+    assert producer_config(chosen, "t-1", 60_000)["partitioner"] == "consistent_random"
+
+
 def test_option_names_are_case_insensitive_like_spark():
     lowered = {k.lower(): v for k, v in BASE.items()}
     assert KafkaSinkOptions.parse(lowered).arbitration_table == "/arb"
