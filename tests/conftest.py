@@ -89,8 +89,10 @@ def spark():
 
     # s3a's jars are on the class path of every session (loaded only when an s3a:// path is used), so
     # that the object-store tests can read back with this session's Delta reader.
+    # A Python worker that dies (a crash in native code) then says where, in the error the test sees.
     session = local_session("lastagent-tests", extra_conf={"spark.sql.warehouse.dir": str(ROOT / ".cache" / "warehouse"),
-                                                           "spark.jars": ",".join(str(j) for j in s3a_jars())})
+                                                           "spark.jars": ",".join(str(j) for j in s3a_jars()),
+                                                           "spark.python.worker.faulthandler.enabled": "true"})
     yield session
     session.stop()
 
