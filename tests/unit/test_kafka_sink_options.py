@@ -25,12 +25,17 @@ def test_parse_defaults_and_passthrough():
     assert o.transactional_id(1, 3, 1) != o.transactional_id(1, 3, 0) != o.transactional_id(1, 2, 0) != o.transactional_id(2, 3, 1)
 
 
-def test_branch_producers_partition_keys_as_the_java_producer_unless_told_otherwise():
+def test_branch_producer_defaults_give_way_to_the_users_settings():
+    """Keys partitioned as the Java producer does; a bounded queue, in bytes and in records."""
     from lastagent.kafka_xa import producer_config
 
-    assert producer_config(KafkaSinkOptions.parse(BASE).client_config, "t-1", 60_000)["partitioner"] == "murmur2_random"
-    chosen = KafkaSinkOptions.parse({**BASE, "kafka.partitioner": "consistent_random"}).client_config
-    assert producer_config(chosen, "t-1", 60_000)["partitioner"] == "consistent_random"
+    ours = producer_config(KafkaSinkOptions.parse(BASE).client_config, "t-1", 60_000)
+    assert (ours["partitioner"], ours["queue.buffering.max.kbytes"], ours["queue.buffering.max.messages"]) == (
+        "murmur2_random", 32_768, 20_000)
+    chosen = KafkaSinkOptions.parse({**BASE, "kafka.partitioner": "consistent_random",
+                                     "kafka.queue.buffering.max.messages": "100000"})
+    theirs = producer_config(chosen.client_config, "t-1", 60_000)
+    assert (theirs["partitioner"], theirs["queue.buffering.max.messages"]) == ("consistent_random", "100000")
 
 
 def test_option_names_are_case_insensitive_like_spark():
