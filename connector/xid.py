@@ -139,9 +139,11 @@ def id_prefix(link: str) -> str:
 def transactional_id(link: str, generation: int, partition: int, attempt: int) -> str:
     """The branch id of one task attempt: ``lastagent-<link>-<generation>-<partition>-<attempt>``.
 
-    ``generation`` is the link's owner generation, claimed at query start: two runs of a link
-    never share an id, so a run's producer can never fence another run's open transaction.
-    Within a run the ids are bounded (partitions × attempts) and reused across epochs.
+    ``generation`` is the link's owner generation, claimed by the writer's start: two generations
+    never share an id, so a producer of one can never fence another's open transaction. pyspark
+    4.2 starts the writer before every epoch (docs/architecture.md), so each epoch is a generation
+    and gets new ids (partitions × attempts of them), not ids reused across epochs as DESIGN.md
+    asks; see "Transactional ids" in docs/architecture.md.
     """
     return f"{id_prefix(link)}{generation}-{partition}-{attempt}"
 
