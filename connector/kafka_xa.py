@@ -145,10 +145,10 @@ def producer_config(client_config: KafkaConfig | Mapping[str, str], transactiona
     config.setdefault("queue.buffering.max.kbytes", 32_768)
     # And at most this many records waiting for the broker (librdkafka: 100,000). Each record is a
     # separate allocation that librdkafka walks again when the broker acknowledges it; 100,000 small
-    # records outgrow the CPU caches, and a branch then spends twice the CPU per record. Measured
-    # outside Spark (1,000,000 records of 100 bytes, one producer): 1.08 µs of the producer's CPU per
-    # record at 100,000, 0.68 µs at 20,000, the same wall time. 20,000 records in flight still carry
-    # 2,000,000 records/s per task at a 10 ms round trip.
+    # records outgrow the CPU caches, and a branch then spends twice the CPU per record
+    # (bench/sink_phases.py: 1.04 µs of the producing process's CPU per 100-byte record at 100,000,
+    # 0.50 µs at 20,000). 20,000 records in flight still carry 2,000,000 records/s per task at a
+    # 10 ms round trip.
     config.setdefault("queue.buffering.max.messages", 20_000)
     # A keyed record goes where Spark's kafka sink (the Java producer) puts it: murmur2 of the key.
     # librdkafka's own default (consistent_random, a CRC32) would send a key to another partition,
