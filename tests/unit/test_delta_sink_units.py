@@ -198,3 +198,13 @@ def test_parquet_dictionary_only_where_values_repeat():
     })
     assert dictionary_columns(batch) == ["topic", "partition", "half", "nothing",
                                          "headers.list.element.key", "headers.list.element.value"]
+
+
+def test_a_column_arrow_cannot_count_keeps_its_dictionary():
+    """count_distinct has no kernel for some types (a dictionary column): pyarrow's default stands."""
+    from lastagent.sinks.delta_files import dictionary_columns
+
+    n = 1000
+    batch = pa.record_batch({"offset": pa.array(range(n), pa.int64()),
+                             "topic": pa.array([f"t{i}" for i in range(n)]).dictionary_encode()})
+    assert dictionary_columns(batch) == ["topic"]
