@@ -11,7 +11,8 @@ class against in-memory ports that crash at every call.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from lastagent import faults, protocol, xid
@@ -32,6 +33,15 @@ class DecidedBranchLostError(LastAgentError):
     """
 
 
+class EpochNotDecidedError(LastAgentError):
+    """An epoch was not decided: one of its branches was gone or too close to its timeout.
+
+    Nothing of the epoch was committed and its branches were rolled back; Spark replays the epoch
+    from the same offsets when the query restarts. The message names the branch, the epoch's
+    duration and ``kafka.transaction.timeout.ms``.
+    """
+
+
 class Committer:
     """Runs one link's protocol steps on the driver.
 
@@ -42,10 +52,12 @@ class Committer:
         xa: the Kafka XA resource; defaults to one built from the options, or none when the
             link has no Kafka branches (``options.has_kafka`` false).
         checkpoint: Spark's checkpoint; defaults to ``options.checkpoint_location``.
+        now_ms: the clock that branch start times are compared with (the broker's clock, which
+            the driver's wall clock stands for); the model check passes its own.
     """
 
     def __init__(self, options: Any, store: ArbitrationStore | None = None, xa: XAResource | None = None,
-                 checkpoint: CheckpointReader | None = None) -> None:
+                 checkpoint: CheckpointReader | None = None, now_ms: Callable[[], int] | None = None) -> None:
         self.options = options
         self.link: str = options.link
         self.store: ArbitrationStore = store or DeltaArbitrationStore(options.arbitration_table, options.storage)
@@ -54,6 +66,7 @@ class Committer:
         self.xa = xa
         self.checkpoint: CheckpointReader = checkpoint or SparkCheckpoint(options.checkpoint_location,
                                                                           options.storage)
+        self.now_ms = now_ms or (lambda: int(time.time() * 1000))
 
     def __enter__(self) -> "Committer":
         return self
@@ -214,15 +227,20 @@ class Committer:
         beside the record (the ``lastagent-delta`` sink's staged data files); the store drops it
         if another decision already stands.
 
-        The decision needs only the arbitration store; the broker is asked for the link's other
-        open branches after the commits, so a broker outage after the decision leaves a
-        decided epoch that the next start completes.
+        Before the decision the broker is asked once whether every prepared branch is still open
+        with enough of its timeout left (:meth:`_refuse_unless_decidable`): a decision never names a
+        branch the broker may already have aborted. After the decision only the arbitration store
+        is needed; the broker is asked for the link's other open branches after the commits, so a
+        broker outage after the decision leaves a decided epoch that the next start completes.
 
         Raises:
+            EpochNotDecidedError: a branch was gone or too close to its timeout; nothing was
+                decided and the branches were rolled back.
             StaleOwnerError: a newer run owns the link; nothing was decided.
         """
         live = [h for h in handles if not h.read_only]
         known = {Branch.of(h): h for h in live}
+        self._refuse_unless_decidable(epoch, live, known)
         actions = protocol.decide_epoch(epoch, None, [Branch.of(h) for h in live], [])
         record, won = self._write_decision(actions, epoch, generation, known, data)
         recorded = [Branch.of(BranchHandle.from_json(b)) for b in record.branches]
@@ -240,6 +258,32 @@ class Committer:
             if removed:
                 log.info("link %s: cleaned up %d confirmed arbitration rows", self.link, removed)
         return record
+
+    def _refuse_unless_decidable(self, epoch: int, live: Sequence[BranchHandle],
+                                 known: dict[Branch, BranchHandle]) -> None:
+        """Before a decision: every prepared branch is still open on the broker, far enough from its timeout.
+
+        Otherwise the epoch is not decided (:func:`lastagent.protocol.refuse_epoch`): its branches
+        are rolled back and :class:`EpochNotDecidedError` stops the query, unless the epoch already
+        has a decision (another decider's), which stands and is followed as usual.
+
+        Raises:
+            EpochNotDecidedError: naming the branch, why, the epoch's duration and the timeout option.
+        """
+        if not live or self.xa is None:
+            return
+        prepared = [Branch.of(h) for h in live]
+        open_now = {Branch.of(t): (t.started_ms, t.timeout_ms) for t in self.xa.open_of(live)}
+        now_ms = self.now_ms()
+        timeout_ms = self.options.transaction_timeout_ms
+        unsafe = protocol.unsafe_branches(prepared, open_now, now_ms, protocol.decision_margin_ms(timeout_ms))
+        if not unsafe or self.store.get(self.link, epoch) is not None:
+            return
+        oldest = min((started for started, _ in open_now.values()), default=None)
+        log.warning("link %s epoch %d: %d of %d branch(es) may not be decided; rolling the epoch back", self.link,
+                    epoch, len(unsafe), len(prepared))
+        self._carry_out(protocol.refuse_epoch(epoch, prepared, unsafe, link=self.link, timeout_ms=timeout_ms,
+                                              running_ms=None if oldest is None else now_ms - oldest), known)
 
     def _write_decision(self, actions: Sequence[protocol.Action], epoch: int, generation: int,
                         known: dict[Branch, BranchHandle], data: Any) -> tuple[ArbitrationRecord, bool]:
@@ -302,7 +346,7 @@ class Committer:
             self._xa().end_all(rollbacks, commit=False, parallelism=self.options.phase2_parallelism)
         for a in actions:
             if isinstance(a, protocol.Fail):
-                raise DecidedBranchLostError(a.reason)
+                raise DecidedBranchLostError(a.reason) if a.decided else EpochNotDecidedError(a.reason)
 
     def _require_committed(self, results: Sequence[EndResult], epoch_of: dict[Branch, int]) -> None:
         for r in results:

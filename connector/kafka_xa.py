@@ -359,6 +359,10 @@ class XAResource(Protocol):
         """"committed", "aborted", "open" or "unknown", from the broker, without side effects."""
         ...
 
+    def open_of(self, handles: Iterable[BranchHandle]) -> list[OpenTransaction]:
+        """The given branches the broker still holds open as their handles name them (with start and timeout)."""
+        ...
+
     def close(self) -> None:
         """Frees connections."""
         ...
@@ -482,16 +486,35 @@ class KafkaXAResource:
             state, pid, epoch = f"unknown ({exc})", -1, -1
         detail = (f"EndTxn answered {error}; broker now reports {state} for producer id {pid} "
                   f"epoch {epoch} (branch had producer id {handle.producer_id} epoch {handle.producer_epoch})")
-        # Whether the broker's last word on the id is the end of *this* transaction.
-        ours = pid == handle.producer_id and epoch == self._ended_epoch(handle)
+        ended = self._ended_as(handle, state, pid, epoch)
         if commit:
-            if ours and state == "CompleteCommit":
+            if ended == "committed":
                 return EndResult(handle, EndOutcome.COMMITTED, detail)
             return EndResult(handle, EndOutcome.NOT_COMMITTED, detail)
-        if ours and state == "CompleteCommit":
+        if ended == "committed":
             return EndResult(handle, EndOutcome.HEURISTIC_COMMIT, detail)
         # Aborted, expired or fenced: for a rollback every one of those means "not committed".
         return EndResult(handle, EndOutcome.ROLLED_BACK, detail)
+
+    def _ended_as(self, handle: BranchHandle, state: str, pid: int, epoch: int) -> str:
+        """How the broker's answer for the id (state, producer id, producer epoch) says *this* transaction ended.
+
+        The one reading of a describe answer, used by every caller. PrepareCommit counts as committed:
+        the coordinator has written the commit decision to its log and finishes the markers on its own,
+        even across a coordinator move; PrepareAbort likewise counts as aborted.
+
+        Returns:
+            "open" (this transaction is still open), "committed", "aborted", or "unknown" when the
+            broker's last word on the id is not this transaction's end (the id moved on).
+        """
+        if pid == handle.producer_id and epoch == handle.producer_epoch and state == "Ongoing":
+            return "open"
+        if pid == handle.producer_id and epoch == self._ended_epoch(handle):
+            if state in ("CompleteCommit", "PrepareCommit"):
+                return "committed"
+            if state in ("CompleteAbort", "PrepareAbort", "PrepareEpochFence"):
+                return "aborted"
+        return "unknown"
 
     def how_ended(self, handle: BranchHandle) -> str:
         """How a branch that is no longer open ended, from the broker's describe (no side effect).
@@ -502,15 +525,44 @@ class KafkaXAResource:
             "open" when it is still open; "unknown" when the id has moved on to a newer one.
         """
         desc = self._admin().describe_transactions([handle.transactional_id])[handle.transactional_id]
-        state, pid, epoch = desc.state.value, desc.producer_id, desc.producer_epoch
-        if pid == handle.producer_id and epoch == handle.producer_epoch and state == "Ongoing":
-            return "open"
-        if pid == handle.producer_id and epoch == self._ended_epoch(handle) and state != "Ongoing":
-            if state in ("CompleteCommit", "PrepareCommit"):
-                return "committed"
-            if state in ("CompleteAbort", "PrepareAbort"):
-                return "aborted"
-        return "unknown"
+        return self._ended_as(handle, desc.state.value, desc.producer_id, desc.producer_epoch)
+
+    def open_of(self, handles: Iterable[BranchHandle]) -> list[OpenTransaction]:
+        """The given branches that the broker still holds open as their handles name them. Driver.
+
+        One DescribeTransactions per coordinator; retriable answers (a coordinator loading or
+        moving) are retried within the end deadline. A branch missing from the answer is not open:
+        its transaction ended (committed, aborted, expired) or a newer producer of its id fenced it.
+
+        Raises:
+            KafkaProtocolError: the broker could not be asked within the deadline (nothing is decided).
+        """
+        from kafka.errors import KafkaError as PyKafkaError
+
+        wanted = [h for h in handles if not h.read_only]
+        ids = sorted({h.transactional_id for h in wanted})
+        if not ids:
+            return []
+        deadline = time.monotonic() + self._end_deadline_s
+        while True:
+            try:
+                descs = self._admin().describe_transactions(ids)
+                break
+            except PyKafkaError as exc:
+                if not exc.retriable or time.monotonic() > deadline:
+                    raise explain(exc, f"describing the epoch's {len(ids)} prepared branch(es) before deciding") from None
+                for tid in ids:
+                    self._wire.forget_coordinator(tid)
+                time.sleep(0.2)
+        out = []
+        for h in wanted:
+            d = descs.get(h.transactional_id)
+            if d is None or self._ended_as(h, d.state.value, d.producer_id, d.producer_epoch) != "open":
+                continue
+            out.append(OpenTransaction(h.transactional_id, d.producer_id, d.producer_epoch, d.state.value,
+                                       d.transaction_start_time_ms, d.transaction_timeout_ms,
+                                       tuple(sorted((tp.topic, tp.partition) for tp in d.topic_partitions))))
+        return out
 
     def end_all(self, handles: Iterable[BranchHandle], commit: bool, parallelism: int = 8) -> list[EndResult]:
         """Ends many branches in parallel (phase 2), results in the order given."""

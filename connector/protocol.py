@@ -161,11 +161,17 @@ class RollbackBranch:
 
 @dataclass(frozen=True)
 class Fail:
-    """Stop the query: ``reason`` names link, epoch and branch and what to do."""
+    """Stop the query: ``reason`` names link, epoch and branch and what to do.
+
+    ``decided`` tells the two cases apart: a branch of a *decided* epoch that can no longer be
+    committed (the expired-decided hazard), or an epoch that was *not* decided because one of its
+    branches could not be (nothing committed; a restart replays the epoch).
+    """
 
     reason: str
     epoch: int = -1
     branch: Branch | None = None
+    decided: bool = True
 
 
 Action = Union[WriteDecision, CommitBranch, RollbackBranch, Fail]
@@ -209,6 +215,88 @@ def decide_epoch(epoch: int, recorded: Sequence[Branch] | None, prepared: Sequen
         return _finish(epoch, recorded, [*prepared, *open_branches])
     keep = tuple(_unique(prepared))
     return [WriteDecision(epoch, keep), *_finish(epoch, keep, open_branches)]
+
+
+def unsafe_branches(prepared: Sequence[Branch], open_now: Mapping[Branch, tuple[int, int]], now_ms: int,
+                    margin_ms: int) -> dict[Branch, str]:
+    """The prepared branches that may not be decided now, each with why. Pure: no I/O, runs on the driver.
+
+    A decision is a promise to commit every branch it names, and the broker aborts an open branch
+    on its own once its ``transaction.timeout.ms`` has passed since the transaction began. So a
+    branch may be decided only while the broker still holds this very transaction open and enough
+    of its timeout is left for the decision's commit and phase 2 to finish (``margin_ms``).
+
+    Args:
+        prepared: the branches the tasks reported (read-only tasks left out).
+        open_now: for each branch the broker reports open as the handle names it (same producer
+            id and epoch): (its transaction's start time, its timeout), both in ms, the start on
+            the broker's clock.
+        now_ms: the driver's clock.
+        margin_ms: the least time a branch must have left.
+
+    Returns:
+        Branch → reason, for every branch not open any more or with less than ``margin_ms`` left;
+        empty when the epoch may be decided.
+    """
+    out: dict[Branch, str] = {}
+    for b in _unique(prepared):
+        times = open_now.get(b)
+        if times is None:
+            out[b] = ("is no longer open on the broker (aborted after its transaction timeout, or fenced by a newer "
+                      "producer of its transactional id)")
+            continue
+        started_ms, timeout_ms = times
+        left = started_ms + timeout_ms - now_ms
+        if left < margin_ms:
+            out[b] = (f"has {max(left, 0) / 1000:.1f} s left of its {timeout_ms / 1000:g} s transaction timeout; "
+                      f"deciding and finishing it needs at least {margin_ms / 1000:g} s")
+    return out
+
+
+#: The most time a decision keeps in hand before a branch's timeout (see :func:`decision_margin_ms`).
+MAX_DECISION_MARGIN_MS = 120_000
+
+
+def decision_margin_ms(timeout_ms: int) -> int:
+    """How much of ``kafka.transaction.timeout.ms`` a branch must have left to be decided. Pure.
+
+    A quarter of the timeout, at most two minutes. What has to fit after the check: the decision's
+    Delta commit (seconds, on an object store with its retries) and phase 2, whose ``EndTxn`` to a
+    moving coordinator is retried for up to 60 s (``KafkaXAResource``'s end deadline), plus any
+    difference between the driver's clock and the broker's (NTP keeps it to milliseconds). Two
+    minutes holds all of that; a quarter keeps short timeouts usable (a 20 s timeout keeps 5 s).
+    """
+    return min(timeout_ms // 4, MAX_DECISION_MARGIN_MS)
+
+
+def refuse_epoch(epoch: int, prepared: Sequence[Branch], unsafe: Mapping[Branch, str], *, link: str = "",
+                 running_ms: int | None = None, timeout_ms: int = 0) -> list[Action]:
+    """An epoch with a branch that may not be decided (:func:`unsafe_branches`): no decision. Pure, driver.
+
+    Presumed abort: with no record the epoch never happened, so every prepared branch is rolled
+    back and the query stops; Spark replays the epoch from the same offsets when it restarts.
+    Never write a decision that names a branch the broker may already have aborted: that would
+    record as committed records that are gone.
+
+    Args:
+        epoch: Spark's micro-batch id.
+        prepared: the branches the tasks reported.
+        unsafe: the branches that may not be decided, with why (non-empty).
+        link: the link's name, for the reason.
+        running_ms: how long the epoch's oldest open branch has been open, when known.
+        timeout_ms: the link's ``kafka.transaction.timeout.ms``.
+
+    Returns:
+        RollbackBranch for every prepared branch, then one ``Fail`` (``decided=False``).
+    """
+    first = next(iter(unsafe))
+    why = "; ".join(f"branch {b.transactional_id} {reason}" for b, reason in unsafe.items())
+    ran = f"; the epoch's oldest open branch has been open {running_ms / 1000:.1f} s" if running_ms else ""
+    reason = (f"link {link!r} epoch {epoch} was not decided: {why}{ran}. Nothing of the epoch was committed and its "
+              f"branches were rolled back; restart the query to replay it from the same offsets. An epoch must finish "
+              f"well inside kafka.transaction.timeout.ms (now {timeout_ms} ms): raise it (up to the broker's "
+              "transaction.max.timeout.ms), or make epochs shorter (maxOffsetsPerTrigger, more partitions)")
+    return [*(RollbackBranch(b) for b in _unique(prepared)), Fail(reason, epoch, first, decided=False)]
 
 
 def sweep(recorded: Sequence[Branch], open_branches: Sequence[Branch]) -> list[Action]:

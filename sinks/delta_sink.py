@@ -293,7 +293,7 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
     # -- driver -----------------------------------------------------------------------------
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
-        from lastagent.committer import Committer
+        from lastagent.committer import Committer, EpochNotDecidedError
 
         msgs = [m for m in messages if isinstance(m, DeltaMessage)]
         generation = generation_of(msgs, batchId)
@@ -303,7 +303,11 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
         staged = self._staged(msgs)
         store = self._store()
         with Committer(self.options, store=store) as committer:
-            committer.commit(batchId, generation, _handles(msgs), data=staged)
+            try:
+                committer.commit(batchId, generation, _handles(msgs), data=staged)
+            except EpochNotDecidedError:
+                store.discard(staged)  # no decision names these files; the replayed epoch writes its own
+                raise
         faults.point("before_dead_letter_table")
         store.complete_dead_letters(self.options.link, batchId)
         if any(m.attempt > 0 for m in msgs):

@@ -2,8 +2,10 @@
 
 A small simulated world, all in memory:
 
-* a Kafka broker: transactions per transactional id with producer id and producer epoch; open,
-  committed or aborted; a new producer on an id fences the id (aborts its open transaction);
+* a Kafka broker with a clock: transactions per transactional id with producer id and producer
+  epoch; open, committed or aborted; the broker aborts a transaction on its own once it has been
+  open for the timeout (an event that falls between any two steps; skewed and stalled tasks make
+  it happen); a new producer on an id fences the id (aborts its open transaction);
   an end of a transaction moves the producer epoch (transaction protocol v2); ``EndTxn``
   from any process by (transactional id, producer id, producer epoch), a retried commit
   recognised as done;
@@ -37,7 +39,7 @@ import pytest
 
 from lastagent import protocol, xid
 from lastagent.arbitration import ArbitrationRecord, Decision, Ownership, StaleOwnerError
-from lastagent.committer import Committer, DecidedBranchLostError
+from lastagent.committer import Committer, DecidedBranchLostError, EpochNotDecidedError
 from lastagent.kafka_xa import BranchHandle, EndOutcome, EndResult, OpenTransaction
 from lastagent.protocol import (Branch, BranchState, CommitBranch, Fail, InvalidTransition, RollbackBranch, Verb,
                                 WriteDecision)
@@ -52,6 +54,8 @@ TASKS = 3
 RECORDS = 2
 MAX_ATTEMPTS = 2  # Spark's spark.task.maxFailures in the model
 MAX_RUNS = 8  # restarts after which a schedule counts as making no progress
+MS_PER_STEP = 1_000  # the world's clock moves this much at every step
+TIMEOUT_MS = 60_000  # kafka.transaction.timeout.ms in the model: a clean epoch takes ~15 steps
 
 ORDERS = list(itertools.permutations(range(TASKS)))  # phase-2 commit orders
 
@@ -79,6 +83,7 @@ class Fenced(Exception):
 class Txn:
     branch: Branch
     epoch: int  # ghost: the Spark epoch its writer worked for (model-only knowledge)
+    started_ms: int = 0  # the broker's clock when the transaction began
     records: list[tuple[int, int, int]] = field(default_factory=list)
 
 
@@ -86,10 +91,12 @@ class Broker:
     """Kafka's transaction coordinator and one topic, reduced to what the protocol touches."""
 
     def __init__(self) -> None:
+        self.now_ms = 0  # the broker's clock (the world's)
         self.producers: dict[str, list[int]] = {}  # tid -> [producer id, producer epoch]
         self.open: dict[str, Txn] = {}
         self.ended: dict[Branch, bool] = {}  # True: committed, False: aborted
         self.txn_epoch: dict[Branch, int] = {}  # ghost: every transaction ever begun
+        self.expired: set[Branch] = set()  # ghost: the transactions the broker aborted on its own
         self.log: list[tuple[int, int, int]] = []  # committed records, in commit order
         self.committed: list[Txn] = []
         self._next_pid = 1000
@@ -110,7 +117,7 @@ class Broker:
             raise Fenced(b)
         txn = self.open.get(b.transactional_id)
         if txn is None:
-            txn = self.open[b.transactional_id] = Txn(b, epoch)
+            txn = self.open[b.transactional_id] = Txn(b, epoch, self.now_ms)
             self.txn_epoch[b] = epoch
         txn.records.append(record)
 
@@ -136,7 +143,16 @@ class Broker:
 
     def expire(self, tid: str) -> None:
         """transaction.timeout.ms passed: the broker aborts the open transaction."""
+        self.expired.add(self.open[tid].branch)
         self._end(self.open[tid], commit=False)
+
+    def tick(self, ms: int) -> None:
+        """Time passes; the broker aborts every transaction open longer than its timeout (an event
+        that can fall between any two steps of the query, as on a real broker)."""
+        self.now_ms += ms
+        for tid, txn in list(self.open.items()):
+            if self.now_ms - txn.started_ms >= TIMEOUT_MS:
+                self.expire(tid)
 
     def list_open(self, prefix: str) -> list[Branch]:
         return [t.branch for tid, t in sorted(self.open.items()) if tid.startswith(prefix)]
@@ -181,6 +197,7 @@ class World:
     def step(self, label: str) -> None:
         if self.segment < len(self.crash_plan) and self.steps == self.crash_plan[self.segment]:
             raise Crash(label)
+        self.broker.tick(MS_PER_STEP)
         self.steps += 1
         self.trace.append(label)
 
@@ -219,7 +236,8 @@ class Rules:
 
 
 OPTIONS = KafkaSinkOptions.parse({"kafka.bootstrap.servers": "model:9092", "link": LINK, "arbitrationTable": "model",
-                                  "checkpointLocation": "model", "phase2Parallelism": "1"})
+                                  "checkpointLocation": "model", "phase2Parallelism": "1",
+                                  "kafka.transaction.timeout.ms": str(TIMEOUT_MS)})
 
 
 class ModelXA:
@@ -259,8 +277,16 @@ class ModelXA:
         return [results[i] for i in range(len(handles))]
 
     def recover(self, prefix: str) -> list[OpenTransaction]:
-        return [OpenTransaction(b.transactional_id, b.producer_id, b.producer_epoch, "Ongoing", 0, 0)
-                for b in self.w.broker.list_open(prefix)]
+        return [self._described(b) for b in self.w.broker.list_open(prefix)]
+
+    def _described(self, b: Branch) -> OpenTransaction:
+        return OpenTransaction(b.transactional_id, b.producer_id, b.producer_epoch, "Ongoing",
+                               self.w.broker.open[b.transactional_id].started_ms, TIMEOUT_MS)
+
+    def open_of(self, handles) -> list[OpenTransaction]:
+        self.w.step("describe prepared")
+        open_now = set(self.w.broker.list_open(PREFIX))
+        return [self._described(Branch.of(h)) for h in handles if Branch.of(h) in open_now]
 
     def how_ended(self, handle: BranchHandle) -> str:
         return "unknown"
@@ -345,13 +371,21 @@ class Variant:
         return self.faults.get((epoch, task, attempt))
 
 
-VARIANTS = [
+#: Task faults that take time: the task's clock jumps this many ms mid-write. "slow" leaves the
+#: epoch's other branches open but with less than the decision margin left (and little enough that
+#: a decision without the margin would lose one in phase 2); "stalled" outlasts the timeout.
+SLOW = {"slow": TIMEOUT_MS - 10_000, "stalled": TIMEOUT_MS + 10_000}
+
+VARIANTS: list[Variant] = [
     Variant("clean", {}),
     Variant("task-retry", {(0, 1, 0): "die"}),
     Variant("lost-result", {(1, 2, 0): "lost"}),
     Variant("abort-then-restart", {(1, 0, 0): "die", (1, 0, 1): "die"}, first_run_only=True),
     Variant("retries-in-both-epochs", {(0, 2, 0): "lost", (0, 0, 0): "die", (1, 1, 0): "die", (1, 2, 0): "lost"}),
+    Variant("skewed-task", {(0, 2, 0): "slow"}, first_run_only=True),
+    Variant("stalled-task", {(1, 1, 0): "stalled"}, first_run_only=True),
 ]
+VARIANT = {v.name: v for v in VARIANTS}
 
 
 def run_task(w: World, rules: Rules, epoch: int, task: int, attempt: int, started: tuple[int, int],
@@ -364,16 +398,24 @@ def run_task(w: World, rules: Rules, epoch: int, task: int, attempt: int, starte
     b = w.broker.init_producer(tid)
     for i in range(RECORDS):
         w.step(f"e{epoch} t{task}.{attempt} write {i}")
-        w.broker.write(b, (epoch, task, i), epoch)
+        try:
+            w.broker.write(b, (epoch, task, i), epoch)
+        except Fenced:
+            if w.broker.ended.get(b) is False:  # the broker aborted it (timeout): the task fails, Spark retries it
+                raise TaskDied() from None
+            raise
         if fault == "die":
             raise TaskDied()
+        if fault in SLOW and i == 0:
+            w.broker.tick(SLOW[fault])  # a skewed task: the others' prepared branches age meanwhile
     # prepared: flushed inside the open transaction; the handle is the commit message
     return BranchHandle(b.transactional_id, b.producer_id, b.producer_epoch, RECORDS)
 
 
 def run_query(w: World, variant: Variant, run: int, order: tuple[int, ...], rules: Rules) -> str:
     """One run of the query: the real Committer's start, then epochs until done or aborted."""
-    committer = rules.committer(OPTIONS, store=ModelStore(w), xa=ModelXA(w, order), checkpoint=ModelCheckpoint(w))
+    committer = rules.committer(OPTIONS, store=ModelStore(w), xa=ModelXA(w, order), checkpoint=ModelCheckpoint(w),
+                                now_ms=lambda: w.broker.now_ms)
     try:
         ownership, newest = committer.start()
         started = (ownership.generation, newest)
@@ -409,6 +451,8 @@ def run_query(w: World, variant: Variant, run: int, order: tuple[int, ...], rule
             ckpt.commits.add(epoch)
             epoch += 1
         return "done"
+    except EpochNotDecidedError:
+        return "not decided"  # nothing committed, branches rolled back: the restart replays the epoch
     except DecidedBranchLostError as exc:
         raise QueryFailed(str(exc)) from exc
 
@@ -589,6 +633,23 @@ def test_expired_decided_branch_fails_naming_link_epoch_and_branch():
     assert "transaction.timeout.ms" in msg
 
 
+@pytest.mark.parametrize("name", ["skewed-task", "stalled-task"])
+def test_a_slow_task_leaves_its_epoch_undecided_and_the_restart_replays_it(name):
+    """The other branches aged (or expired) while one task ran: no decision, everything rolled back,
+    and the restarted query writes the epoch once."""
+    out = simulate(VARIANT[name], ORDERS[0])
+    assert out.violations == []
+    w = out.world
+    assert w.trace.count("claim") == 2, "one refused run, then one that finishes"
+    epoch = next(e for (e, t, _), fault in VARIANT[name].faults.items())
+    refused = [br for br, committed in w.broker.ended.items() if w.broker.txn_epoch[br] == epoch and not committed]
+    assert refused, "the first run's branches of the slow epoch were rolled back or expired"
+    assert all(br not in w.arb.rows[epoch] for br in refused)
+    # skewed: the driver rolled back branches still open but too near their timeout;
+    # stalled: the broker had expired one already
+    assert bool(w.broker.expired & set(refused)) == (name == "stalled-task")
+
+
 # -- mutants: the checker must catch broken rules ------------------------------------------------------
 
 #: The real rules, for mutants to wrap (while a mutant is installed, ``protocol.*`` is the mutant).
@@ -617,6 +678,25 @@ class _CommitsBeforeDeciding(Committer):
         return super().commit(epoch, generation, handles, data)
 
 
+class _DecidesWithoutLooking(Committer):
+    """An interpreter that decides without asking the broker whether the branches still exist."""
+
+    def _refuse_unless_decidable(self, epoch, live, known):
+        return None
+
+
+class _NoMargin(Committer):
+    """An interpreter that decides any branch still open, however close to its timeout."""
+
+    def _refuse_unless_decidable(self, epoch, live, known):
+        saved = protocol.decision_margin_ms
+        protocol.decision_margin_ms = lambda timeout_ms: 0
+        try:
+            return super()._refuse_unless_decidable(epoch, live, known)
+        finally:
+            protocol.decision_margin_ms = saved
+
+
 def _sweep_keeps_stale_attempts(recorded, open_branches):
     return []
 
@@ -632,6 +712,8 @@ def _decide_ignores_the_record(epoch, recorded, prepared, open_branches):
     ("recover commits undecided branches", Rules(recover=_recover_commits_every_open_branch), VARIANTS[0]),
     ("phase 2 before the decision", Rules(committer=_CommitsBeforeDeciding), VARIANTS[0]),
     ("sweep leaves stale attempts open", Rules(sweep=_sweep_keeps_stale_attempts), VARIANTS[2]),
+    ("decide a branch the broker expired", Rules(committer=_DecidesWithoutLooking), VARIANT["stalled-task"]),
+    ("decide a branch about to expire", Rules(committer=_NoMargin), VARIANT["skewed-task"]),
     ("re-run decided epoch writes and commits again",
      Rules(decide_epoch=_decide_ignores_the_record, skip_task=lambda epoch, newest: False), VARIANTS[0]),
 ])
@@ -730,3 +812,21 @@ def test_skip_task():
     assert protocol.skip_task(3, 3) and protocol.skip_task(2, 3)
     assert not protocol.skip_task(4, 3) and not protocol.skip_task(0, -1)
     assert Branch.of(_b(1)) == _b(1)
+
+
+def test_unsafe_branches_and_the_refusal():
+    a, b, c = _b(0), _b(1), _b(2)
+    timeout = 60_000
+    margin = protocol.decision_margin_ms(timeout)
+    assert margin == 15_000 and protocol.decision_margin_ms(900_000) == protocol.MAX_DECISION_MARGIN_MS
+    open_now = {a: (1_000, timeout), b: (40_000, timeout)}  # c: not open any more
+    unsafe = protocol.unsafe_branches([a, b, c], open_now, now_ms=50_000, margin_ms=margin)
+    assert set(unsafe) == {a, c}  # a has 11 s left (< 15 s), b has 50 s
+    assert "11.0 s left" in unsafe[a] and "no longer open" in unsafe[c]
+    assert protocol.unsafe_branches([a, b], open_now, now_ms=45_000, margin_ms=margin) == {}
+    actions = protocol.refuse_epoch(4, [a, b, c], unsafe, link=LINK, running_ms=49_000, timeout_ms=timeout)
+    assert actions[:3] == [RollbackBranch(a), RollbackBranch(b), RollbackBranch(c)]
+    fail = actions[3]
+    assert isinstance(fail, Fail) and not fail.decided and fail.epoch == 4
+    assert f"link {LINK!r} epoch 4 was not decided" in fail.reason and "49.0 s" in fail.reason
+    assert "kafka.transaction.timeout.ms (now 60000 ms)" in fail.reason and a.transactional_id in fail.reason
