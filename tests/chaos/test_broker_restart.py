@@ -12,10 +12,11 @@ from conftest import _free_port_pair
 from kafka.admin import KafkaAdminClient, NewTopic
 from support import read_committed
 
+from lastagent import faults
 from lastagent.arbitration import InMemoryArbitrationStore
 from lastagent.committer import Committer
 from lastagent.errors import KafkaProtocolError
-from lastagent.kafka_xa import BranchWriter
+from lastagent.kafka_xa import BranchWriter, KafkaXAResource
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 
 pytestmark = pytest.mark.chaos
@@ -42,26 +43,50 @@ def _wait_for_broker(bootstrap: str, timeout_s: float = 90) -> None:
             time.sleep(1)
 
 
-def test_prepared_branches_survive_a_broker_kill(own_broker, tmp_path):
+def _prepare(options: KafkaSinkOptions, topic: str, generation: int) -> list:
+    handles = []
+    for branch in range(3):
+        w = BranchWriter(options.client_config, options.transactional_id(generation, branch, 0),
+                         options.transaction_timeout_ms)
+        for i in range(20):
+            w.send(topic, f"{branch}-{i}".encode(), partition=i % 2)
+        handles.append(w.prepare())
+    return handles
+
+
+@pytest.fixture
+def link(own_broker, tmp_path):
     port, workdir, bootstrap = own_broker
     topic = f"restart-{uuid.uuid4().hex[:6]}"
     KafkaAdminClient(bootstrap_servers=bootstrap).create_topics([NewTopic(topic, 2, 1)])
     options = KafkaSinkOptions.parse({"kafka.bootstrap.servers": bootstrap, "link": "restart",
                                       "arbitrationTable": str(tmp_path / "arb"), "checkpointLocation": "-"})
-    handles = []
-    for branch in range(3):
-        w = BranchWriter(options.client_config, options.transactional_id(1, branch, 0), options.transaction_timeout_ms)
-        for i in range(20):
-            w.send(topic, f"{branch}-{i}".encode(), partition=i % 2)
-        handles.append(w.prepare())
-
-    kafka_broker.kill(port, workdir)  # mid-epoch: prepared, not decided
     store = InMemoryArbitrationStore()
     store.claim("restart", "q")
-    with Committer(options, store=store) as committer:
-        committer.xa._end_deadline_s = 5  # noqa: SLF001 — fail fast while the broker is down
-        with pytest.raises(KafkaProtocolError):
-            committer.commit(0, 1, handles)  # decided (the store is up) but phase 2 cannot reach Kafka
+    return options, store, topic
+
+
+def _expected() -> list[bytes]:
+    return sorted(f"{b}-{i}".encode() for b in range(3) for i in range(20))
+
+
+def test_prepared_branches_survive_a_broker_kill_between_decision_and_phase_2(own_broker, link):
+    port, workdir, bootstrap = own_broker
+    options, store, topic = link
+    handles = _prepare(options, topic, 1)
+
+    def kill_after_the_decision(name: str) -> None:
+        if name == "after_arbitration":
+            kafka_broker.kill(port, workdir)
+
+    faults.install(kill_after_the_decision)
+    try:
+        with Committer(options, store=store) as committer:
+            committer.xa._end_deadline_s = 5  # noqa: SLF001 — fail fast while the broker is down
+            with pytest.raises(KafkaProtocolError):
+                committer.commit(0, 1, handles)  # decided, but phase 2 cannot reach Kafka
+    finally:
+        faults.install(None)
     assert store.get("restart", 0) is not None
 
     kafka_broker.up(port, workdir)
@@ -69,5 +94,29 @@ def test_prepared_branches_survive_a_broker_kill(own_broker, tmp_path):
     with Committer(options, store=store) as committer:
         committer.start(owner="q")  # recovery commits the decided epoch's open branches
         assert committer.in_doubt() == []
-    values = sorted(v for _, v in read_committed(bootstrap, topic, 60))
-    assert values == sorted(f"{b}-{i}".encode() for b in range(3) for i in range(20))
+    assert sorted(v for _, v in read_committed(bootstrap, topic, 60)) == _expected()
+
+
+def test_a_broker_down_before_the_decision_decides_nothing_and_the_replay_writes_once(own_broker, link):
+    """Whether the branches still exist cannot be known with the broker away: nothing is decided, the
+    prepared branches survive the kill, the next start rolls them back, and the replayed epoch writes once."""
+    port, workdir, bootstrap = own_broker
+    options, store, topic = link
+    handles = _prepare(options, topic, 1)
+    kafka_broker.kill(port, workdir)  # mid-epoch: prepared, not decided
+    with Committer(options, store=store) as committer:
+        committer.xa._end_deadline_s = 5  # noqa: SLF001 — fail fast while the broker is down
+        with pytest.raises(KafkaProtocolError):
+            committer.commit(0, 1, handles)
+    assert store.get("restart", 0) is None
+
+    kafka_broker.up(port, workdir)
+    _wait_for_broker(bootstrap)
+    with KafkaXAResource(options.client_config) as xa:
+        assert sorted(t.transactional_id for t in xa.recover(options.id_prefix)) == sorted(
+            h.transactional_id for h in handles)  # they survived the kill, still open
+    with Committer(options, store=store) as committer:
+        ownership, decided = committer.start(owner="q")  # presumed abort: rolled back
+        assert decided == -1 and committer.in_doubt() == []
+        committer.commit(0, ownership.generation, _prepare(options, topic, ownership.generation))  # Spark's replay
+    assert sorted(v for _, v in read_committed(bootstrap, topic, 60)) == _expected()
