@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 
-from lastagent import faults
+from lastagent import faults, redact
 from lastagent.errors import KafkaProtocolError, LastAgentError
 from lastagent.kafka_config import KafkaConfig, access_hint, as_librdkafka_strings
 from lastagent.kafka_wire import TransactionCoordinatorClient, admin_client, explain
@@ -54,6 +54,74 @@ class RecordTooLarge(BranchError):
 
     Nothing was added to the branch, which stays usable (a caller may route the record elsewhere).
     """
+
+
+@dataclass(frozen=True)
+class RefusedRecord:
+    """A record the broker refused (or that failed in delivery), as errors may show it: no contents.
+
+    Attributes:
+        topic: the record's topic.
+        partition: its partition, None when it never had one (e.g. the topic is unknown).
+        index: its index among the records the branch was given (0-based; for the
+            ``lastagent-kafka`` sink, the row's index within the task), None if unknown.
+        key: ``key sha256:<12 hex digits>`` or ``null key`` (:func:`lastagent.redact.key_label`).
+        size: key and value bytes.
+        error: librdkafka's error name (``MSG_SIZE_TOO_LARGE``, ``TOPIC_AUTHORIZATION_FAILED``...).
+        text: the broker's or client's reason.
+    """
+
+    topic: str
+    partition: int | None
+    index: int | None
+    key: str
+    size: int
+    error: str
+    text: str
+
+    @classmethod
+    def of(cls, report: Sequence[Any]) -> "RefusedRecord":
+        """From a delivery report of ``BranchProducer.reports()`` (key bytes are digested here, never kept)."""
+        name, text, topic, partition, key, size, index = report
+        return cls(str(topic), int(partition) if partition is not None and partition >= 0 else None,
+                   int(index) if index is not None and index >= 0 else None, redact.key_label(key), int(size),
+                   str(name), str(text))
+
+    def position(self) -> str:
+        """Where the record is: its index in the branch, topic and partition (no contents)."""
+        at = f"topic {self.topic}" + (f" partition {self.partition}" if self.partition is not None else "")
+        return f"{'record' if self.index is None else f'record #{self.index}'} of the branch ({at}, {self.key})"
+
+    def describe(self) -> str:
+        hint = access_hint(self.error)
+        note = f"; {hint}" if hint else ""
+        if self.error == "MSG_SIZE_TOO_LARGE":
+            note = (f"; the record has {self.size} bytes, and it or the batch it was in is larger than the "
+                    "topic's max.message.bytes or the broker's message.max.bytes")
+        return f"{self.position()}: {self.text} ({self.error}{note})"
+
+
+class TransactionFailed(BranchError):
+    """The broker refused a record of the branch (or the transaction failed otherwise).
+
+    Kafka then fails the whole transaction: every record of it is dropped and nothing more can be
+    added. The branch has been aborted (unless the message says the abort failed), so it holds no
+    partition's last stable offset. Nothing of the records' contents is in the message.
+
+    Attributes:
+        refused: the first refused records (for a size refusal, the largest first).
+        failed: how many records failed in all.
+        dropped: how many more records were dropped with the failed transaction.
+        aborted: whether the branch was aborted before this was raised.
+    """
+
+    def __init__(self, message: str, refused: Sequence[RefusedRecord] = (), failed: int = 0, dropped: int = 0,
+                 aborted: bool = False) -> None:
+        super().__init__(message)
+        self.refused = tuple(refused)
+        self.failed = failed
+        self.dropped = dropped
+        self.aborted = aborted
 
 
 @dataclass(frozen=True)
@@ -163,6 +231,14 @@ def producer_config(client_config: KafkaConfig | Mapping[str, str], transactiona
     return config
 
 
+#: How long one slice of a flush waits before the failure reports are looked at again.
+_FLUSH_SLICE_S = 0.1
+#: How long a refused call waits for the delivery report that says why the transaction failed.
+_CAUSE_WAIT_S = 10.0
+#: How many refused records an error names.
+_SHOWN_REFUSALS = 3
+
+
 class BranchWriter:
     """One branch: a Kafka transaction written by one Spark task attempt. Executor side.
 
@@ -187,6 +263,7 @@ class BranchWriter:
         self.transactional_id = transactional_id
         self._client_config = KafkaConfig.of(client_config)
         self._records = 0
+        self._ended: str | None = None  # why the writer refuses calls, once it ended the branch itself
         config = producer_config(client_config, transactional_id, timeout_ms)
         # Delivery reports for failures only: success is what flush() already tells us.
         config["delivery.report.only.error"] = True
@@ -218,76 +295,147 @@ class BranchWriter:
                 return BranchError(f"branch {self.transactional_id}: {cause_text}; {hint}")
         return BranchError(f"branch {self.transactional_id}: {text} ({name})")
 
-    def _failures(self) -> str:
-        """The failed records' causes, then how many records were dropped with the transaction."""
-        failures, purged, _ = self._producer.reports()
-        causes = []
-        for name, text, topic, partition, key, size in failures[:3]:
-            where = f"topic {topic} partition {partition}"
-            if key is not None:
-                where += f" key {key!r}"
-            hint = access_hint(name)
-            note = f" ({hint})" if hint else ""
-            if name == "MSG_SIZE_TOO_LARGE":
-                note = (f" (record of {size} bytes; the broker's message.max.bytes or the topic's "
-                        "max.message.bytes is smaller)")
-            causes.append(f"{where}: {text}{note}")
-        out = "; ".join(causes)
-        if purged:
-            out += f"{'; ' if out else ''}{purged} more record(s) dropped with the failed transaction"
-        return out
+    def _live(self) -> Any:
+        """The producer; a branch already ended here (aborted after a failure, or released) refuses more."""
+        if self._producer is None:
+            raise BranchError(f"branch {self.transactional_id}: {self._ended or 'the producer is released'}")
+        return self._producer
 
-    def _refused(self, name: str, text: str, topic: str, partition: int | None) -> BranchError:
-        """The error for a record the client refused: the delivery failure that caused it, if known."""
-        if name == "_STATE":  # the transaction failed earlier; the cause is among the reports
-            self._producer.flush(10_000)  # serve every pending report (bounded wait)
-            return BranchError(f"branch {self.transactional_id}: the transaction failed and must be aborted: "
-                               f"{self._failures() or text}")
+    def _flush(self, timeout_s: float) -> int:
+        """Waits for the records to be delivered, up to ``timeout_s``, but stops as soon as one failed.
+
+        librdkafka's flush waits for *every* record: after a refusal that can be until
+        ``message.timeout.ms`` (by default the transaction timeout) for records that are no longer
+        sent, since a failed transaction sends nothing more. So flush in short slices and look at
+        the failure reports between them. Returns how many records are left.
+        """
+        producer = self._live()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            slice_ms = int(max(0.0, min(_FLUSH_SLICE_S, deadline - time.monotonic())) * 1000)
+            left = int(producer.flush(slice_ms))
+            if left == 0 or producer.has_failed() or time.monotonic() >= deadline:
+                return left
+
+    def _refusals(self) -> tuple[list[RefusedRecord], int, int]:
+        """(the refused records to show, how many failed, how many were dropped with the transaction).
+
+        A batch the broker refuses fails every record in it; for a size refusal the largest record
+        is the likely cause, so it comes first even when it was not among the first reports.
+        """
+        failures, purged, _ = self._live().reports()
+        count, largest = self._live().failed()
+        shown = [RefusedRecord.of(f) for f in failures]
+        if largest is not None:
+            big = RefusedRecord.of(largest)
+            if big.error == "MSG_SIZE_TOO_LARGE":
+                shown = [big, *(r for r in shown if r != big)]
+        return shown[:_SHOWN_REFUSALS], int(count), int(purged)
+
+    def _fail(self, what: str, fallback: str = "") -> TransactionFailed:
+        """The transaction failed: names the refused records (positions, never contents), aborts the branch.
+
+        Aborting here, before the task ends, keeps the failed transaction from holding its
+        partitions' last stable offset (every read_committed reader waits on it) until the broker
+        expires it. After this the writer refuses further calls.
+        """
+        shown, count, dropped = self._refusals()
+        causes = "; ".join(r.describe() for r in shown) or fallback
+        more = count - len(shown)
+        text = (f"branch {self.transactional_id}: {what}" + (f": {causes}" if causes else "")
+                + (f"; {more} more record(s) failed with the same batch or cause" if more > 0 else "")
+                + (f"; {dropped} more record(s) dropped with the failed transaction" if dropped else ""))
+        try:
+            self.abort_local()
+            text += "; the branch was aborted"
+            aborted = True
+        except BranchError as exc:
+            text += f"; aborting the branch also failed ({exc}): the broker ends it after its transaction timeout"
+            aborted = False
+        self._ended = f"ended after a failure ({what})"
+        return TransactionFailed(text, shown, count, dropped, aborted)
+
+    def _refused(self, name: str, text: str, topic: str, partition: int | None, index: int,
+                 key: bytes | None) -> BranchError:
+        """The error for a record the client refused at once; if the transaction had already failed, its cause."""
+        if name == "_STATE":  # the transaction failed earlier; the cause is in the delivery reports
+            self._flush(_CAUSE_WAIT_S)  # serves pending reports; returns at the first failure
+            return self._fail("the transaction failed and was not usable any more", f"{text} ({name})")
         where = f"topic {topic}" + (f" partition {partition}" if partition is not None and partition >= 0 else "")
         error = RecordTooLarge if name == "MSG_SIZE_TOO_LARGE" else BranchError
-        return error(f"branch {self.transactional_id}: {where}: {text} ({name})")
+        return error(f"branch {self.transactional_id}: record #{index} of the branch ({where}, "
+                     f"{redact.key_label(key)}): {text} ({name})")
 
     def send(self, topic: str, value: bytes | None, key: bytes | None = None,
              headers: Sequence[tuple[str, str | bytes | None]] | None = None, partition: int | None = None) -> None:
-        """Adds one record to the branch; blocks briefly when the local queue is full."""
+        """Adds one record to the branch; blocks briefly when the local queue is full.
+
+        Raises:
+            RecordTooLarge: the client refused the record at once; nothing was added, the branch stays usable.
+            TransactionFailed: an earlier record was refused by the broker; the branch was aborted.
+            BranchError: the client refused the record at once for another reason.
+        """
         part = -1 if partition is None else partition  # -1: the configured partitioner decides
         hdrs = [(k, v.encode() if isinstance(v, str) else v) for k, v in headers] if headers else None
-        failed = self._producer.produce(topic, value, key, part, hdrs)
+        failed = self._live().produce(topic, value, key, part, hdrs, self._records)
         if failed is not None:
             name, text = failed
-            raise self._refused(name, text, topic, partition)
+            raise self._refused(name, text, topic, partition, self._records, key)
         self._records += 1
 
     def send_columns(self, topic: str, keys: Any, values: Any) -> None:
         """Adds one record per row of the Arrow columns (binary or string; ``keys`` may be None) to
-        one topic, partitioned by the configured partitioner. Hot path: no Python object per record."""
-        added, failed = self._producer.produce_columns(topic, keys, values)
+        one topic, partitioned by the configured partitioner. Hot path: no Python object per record.
+
+        Raises:
+            as :meth:`send`, for the first row not added.
+        """
+        added, failed = self._live().produce_columns(topic, keys, values, self._records)
+        index = self._records + added
         self._records += added
         if failed is not None:
             name, text = failed
-            raise self._refused(name, text, topic, None)
+            key = None if keys is None or added >= len(keys) else keys[added].as_py()
+            raise self._refused(name, text, topic, None, index, key.encode() if isinstance(key, str) else key)
+
+    @property
+    def records(self) -> int:
+        """How many records the branch took so far; the next record's index."""
+        return self._records
 
     def prepare(self, flush_timeout_s: float = 300.0, admin: Any = None) -> BranchHandle:
         """Flushes every record into the still-open transaction and returns the branch handle.
 
+        The flush stops at the first failed record: the transaction cannot commit any more, so
+        waiting for the rest would only hold its partitions' last stable offset.
+
         Raises:
-            BranchError: a record could not be delivered, or the flush timed out.
+            TransactionFailed: the broker refused a record (names its position and the broker's
+                reason, never its contents); the branch was aborted.
+            BranchError: the flush timed out, or the open transaction could not be described; the
+                branch was aborted.
         """
-        left = self._producer.flush(int(flush_timeout_s * 1000))
+        left = self._flush(flush_timeout_s)
+        if self._live().has_failed():
+            raise self._fail("delivery failed")
         if left:
-            raise BranchError(f"branch {self.transactional_id}: {left} records not flushed within {flush_timeout_s}s")
-        failures, purged, _ = self._producer.reports()
-        if failures or purged:
-            raise BranchError(f"branch {self.transactional_id}: delivery failed: {self._failures()}")
+            raise self._fail(f"{left} records not flushed within {flush_timeout_s}s")
         if self._records == 0:
             return BranchHandle(self.transactional_id, -1, -1, 0, ())
-        pid, epoch, partitions = describe_open(self._client_config, self.transactional_id, admin)
+        try:
+            pid, epoch, partitions = describe_open(self._client_config, self.transactional_id, admin)
+        except BranchError as exc:
+            raise self._fail(str(exc).removeprefix(f"branch {self.transactional_id}: ")) from None
         return BranchHandle(self.transactional_id, pid, epoch, self._records, partitions)
 
     def abort_local(self, timeout_s: float = 30.0) -> None:
-        """Rolls back from the owning producer, before prepare (the task failed mid-write)."""
+        """Rolls back from the owning producer, before prepare (the task failed mid-write).
+
+        librdkafka's abort drops the records still queued and waits only for those in flight, so
+        it returns promptly even after a failure.
+        """
         if self._producer is None:
-            return  # released after prepare: the branch is the driver's to end now
+            return  # released after prepare (the branch is the driver's to end now), or aborted already
         failed = self._producer.abort_transaction(int(timeout_s * 1000))
         self.release()
         if failed is not None:

@@ -7,6 +7,15 @@ data (after the Delta commit) or not at all. The record keeps its key, value and
 ``lastagent.dlq.*`` say why, when, from where (source topic, partition, offset when the row has
 them), and which link and epoch. If the dead-letter topic does not take it after the configured
 attempts, or no dead-letter topic is configured, the batch fails: nothing is ever dropped.
+
+"Too large" means larger than ``kafka.message.max.bytes``: the client refuses such a record at
+once, and the branch stays usable. A record the *broker* refuses (the topic's ``max.message.bytes``
+is smaller) is refused in a delivery report, after it joined the task's Kafka transaction, and the
+refusal fails that whole transaction (librdkafka drops every record of it and takes no more until
+it is aborted): it cannot be routed here after the fact, so the task fails naming the record.
+
+Logs and errors name a record by its position or a digest (:func:`describe`, :func:`shown_error`),
+never by its contents; the contents stay in the dead letter itself.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from lastagent import redact
 from lastagent.errors import LastAgentError
 
 HEADER_PREFIX = "lastagent.dlq."
@@ -50,10 +60,32 @@ def _bytes(value: Any) -> bytes | None:
 
 
 def describe(row: dict[str, Any]) -> str:
-    """Where a record came from, for errors: source topic/partition/offset when the row has them."""
+    """Which record this is, for logs and errors, never with its contents.
+
+    Its source topic/partition/offset when the row has them; else a digest of its key
+    (``key sha256:<12 hex>``), or of the whole row as JSON when it has no key.
+    """
     if {"topic", "partition", "offset"} <= row.keys():
         return f"record {row['topic']}-{row['partition']}@{row['offset']}"
-    return "record " + ", ".join(f"{k}={v!r}" for k, v in list(row.items())[:3] if not isinstance(v, bytes))
+    if row.get("key") is not None:
+        return f"record with {redact.key_label(_bytes(row['key']))}"
+    return f"record with row digest {redact.digest(row_json(row))} (of the row as JSON)"
+
+
+def shown_error(error: BaseException | str) -> str:
+    """An error as logs and exception messages may show it: without text that may quote the record.
+
+    A string is lastagent's own wording and is shown as it is. An exception's message may quote
+    the record (Arrow's cast errors do; so does ``int('poison')``): only its type is shown, and its
+    ``summary`` when it has one (:class:`lastagent.sinks.transformer.ConversionFailed`). The full
+    message goes with the dead letter only (header ``lastagent.dlq.exception``), beside the record.
+    """
+    if isinstance(error, str):
+        return error
+    summary = getattr(error, "summary", None)
+    if isinstance(summary, str):
+        return f"{type(error).__name__}: {summary}"
+    return f"{type(error).__name__} (its message is kept with the dead letter only, as it may quote the record)"
 
 
 def dead_letter(row: pa.RecordBatch | dict[str, Any], reason: str, error: BaseException | str, link: str,

@@ -49,9 +49,14 @@ DELTA_SINK_OPTIONS = OptionTable([
                                         "Table). If it fails on a batch, it is applied record by record and failing "
                                         "records go to the dead letters."),
     Option("deadLetterTopic", "string", "", "Kafka topic for records that fail the transformer, fail conversion to "
-                                            "the table's schema, or are too large for a side topic; written in the "
-                                            "same epoch (a prepared Kafka branch committed after the Delta commit). "
-                                            "Unset: such a record fails the batch — nothing is dropped."),
+                                            "the table's schema, or are too large for a side topic (larger than "
+                                            "kafka.message.max.bytes, so the client refuses them at once); written in "
+                                            "the same epoch (a prepared Kafka branch committed after the Delta commit). "
+                                            "Unset: such a record fails the batch — nothing is dropped. A side-topic "
+                                            "record the broker refuses (its topic's max.message.bytes is smaller) fails "
+                                            "the task's whole Kafka transaction, so it fails the task, naming the row: "
+                                            "keep kafka.message.max.bytes and kafka.batch.size at or below the side "
+                                            "topics' limit."),
     Option("deadLetterTable", "string", "", "Path of a Delta table for dead letters the topic did not take (or all of "
                                             "them when deadLetterTopic is unset): the next link in the chain. Its rows "
                                             "are committed after the target table's commit, once per epoch "

@@ -30,6 +30,22 @@ class Failure:
     error: BaseException
 
 
+#: What Arrow raises when a value does not fit the table's type.
+_CAST_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)
+
+
+class ConversionFailed(ValueError):
+    """A record's column does not fit the table's type.
+
+    The message (kept with the dead letter) has Arrow's reason, which may quote the value;
+    ``summary`` names only the column and the types, for logs and errors.
+    """
+
+    def __init__(self, column: str, source: pa.DataType, target: pa.DataType, cause: BaseException) -> None:
+        self.summary = f"column '{column}' ({source}) does not convert to the table's {target}"
+        super().__init__(f"{self.summary}: {type(cause).__name__}: {cause}")
+
+
 def load(spec: str) -> Transform:
     """Imports ``module:function``.
 
@@ -98,7 +114,11 @@ def conform(batch: pa.RecordBatch, target: pa.Schema, merge: bool) -> tuple[list
         names = set(b.schema.names)
         for f in target:
             if f.name in names:
-                arrays.append(b.column(f.name).cast(f.type))
+                column = b.column(f.name)
+                try:
+                    arrays.append(column.cast(f.type))
+                except _CAST_ERRORS as exc:
+                    raise ConversionFailed(f.name, column.type, f.type, exc) from exc
             else:
                 arrays.append(pa.nulls(b.num_rows, f.type))
             fields.append(pa.field(f.name, f.type, True))
@@ -113,5 +133,5 @@ def conform(batch: pa.RecordBatch, target: pa.Schema, merge: bool) -> tuple[list
         return [batch], []
     try:
         return cast(batch), []
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+    except (*_CAST_ERRORS, ConversionFailed):
         return _per_record(batch, cast, "conversion-failed")

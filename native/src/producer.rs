@@ -25,14 +25,21 @@ use crate::{cstring, err_name, err_text, new_conf, text, NativeKafkaError};
 /// A librdkafka error as Python sees it: (name, text).
 type KafkaErr = (String, String);
 
-/// A record the broker or the client refused: (error name, text, topic, partition, the key's
-/// first 64 bytes, the record's size in bytes).
-type Failure = (String, String, String, i32, Option<Vec<u8>>, usize);
+/// A record the broker or the client refused: (error name, text, topic, partition, the key
+/// (Python shows only a digest of it, never the bytes), the record's size in bytes, the record's
+/// index among the records the branch was given, -1 if unknown).
+type Failure = (String, String, String, i32, Option<Vec<u8>>, usize, i64);
 
 /// What librdkafka's callbacks reported. Shared with them through the client's opaque pointer.
 #[derive(Default)]
 struct Reports {
+    /// The first `KEEP_FAILURES` failed records, in the order their reports came.
     failures: Mutex<Vec<Failure>>,
+    /// The largest failed record so far: a batch the broker refuses fails every record in it, and
+    /// for a size refusal the largest is the likely cause even when it is not among the first.
+    largest: Mutex<Option<Failure>>,
+    /// How many records failed (not counting those dropped with the failed transaction).
+    failed: AtomicU64,
     purged: AtomicU64,
     client_errors: Mutex<Vec<KafkaErr>>,
 }
@@ -61,14 +68,26 @@ unsafe extern "C" fn on_delivery(_rk: *mut rd::rd_kafka_t, m: *const rd::rd_kafk
             reports.purged.fetch_add(1, Ordering::Relaxed);
         }
         err => {
-            let mut failures = reports.failures.lock().unwrap();
-            if failures.len() < KEEP_FAILURES {
+            reports.failed.fetch_add(1, Ordering::Relaxed);
+            let size = msg.len + msg.key_len;
+            let failure = || {
                 let key = (!msg.key.is_null())
-                    .then(|| std::slice::from_raw_parts(msg.key as *const u8, msg.key_len.min(64)).to_vec());
+                    .then(|| std::slice::from_raw_parts(msg.key as *const u8, msg.key_len).to_vec());
                 let topic = if msg.rkt.is_null() { String::new() } else { text(rd::rd_kafka_topic_name(msg.rkt)) };
+                // The opaque is the record's index + 1 (produce, produce_columns); null: unknown.
+                let index = (msg._private as usize as i64) - 1;
                 // Not rd_kafka_message_errstr: on a delivery report that returns the payload as text.
-                failures.push((err_name(err), err_text(err), topic, msg.partition, key,
-                               msg.len + msg.key_len));
+                (err_name(err), err_text(err), topic, msg.partition, key, size, index)
+            };
+            {
+                let mut failures = reports.failures.lock().unwrap();
+                if failures.len() < KEEP_FAILURES {
+                    failures.push(failure());
+                }
+            }
+            let mut largest = reports.largest.lock().unwrap();
+            if largest.as_ref().is_none_or(|l| size > l.5) {
+                *largest = Some(failure());
             }
         }
     }
@@ -154,6 +173,11 @@ impl ByteColumn {
     }
 }
 
+/// A record's index as librdkafka's per-message opaque: index + 1, so that null means "unknown".
+fn opaque(index: u64) -> *mut c_void {
+    (index as usize).wrapping_add(1) as *mut c_void
+}
+
 fn ptr_len(b: Option<&[u8]>) -> (*const c_void, usize) {
     match b {
         Some(b) => (b.as_ptr() as *const c_void, b.len()),
@@ -211,7 +235,9 @@ impl BranchProducer {
     }
 
     /// Adds one record (partition -1: the partitioner decides). Waits while the local queue is full.
-    #[pyo3(signature = (topic, value, key, partition, headers))]
+    /// `index` is the record's index among the branch's records; a delivery report names it.
+    #[pyo3(signature = (topic, value, key, partition, headers, index))]
+    #[allow(clippy::too_many_arguments)]
     fn produce(
         &self,
         py: Python<'_>,
@@ -220,6 +246,7 @@ impl BranchProducer {
         key: Option<&[u8]>,
         partition: i32,
         headers: Option<Vec<(String, Option<Vec<u8>>)>>,
+        index: u64,
     ) -> PyResult<Option<KafkaErr>> {
         let c = self.client()?;
         let ctopic = cstring("topic", topic)?;
@@ -251,6 +278,7 @@ impl BranchProducer {
                     rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_KEY as c_int, kptr, klen,
                     rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_MSGFLAGS as c_int, rd::RD_KAFKA_MSG_F_COPY as c_int,
                     rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_HEADERS as c_int, hdrs,
+                    rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_OPAQUE as c_int, opaque(index),
                     rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_END as c_int,
                 );
                 if err != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && !hdrs.is_null() {
@@ -274,13 +302,15 @@ impl BranchProducer {
 
     /// Adds one record per row of the Arrow columns to `topic` (the partitioner decides), copying
     /// keys and values once, into librdkafka's queue. Returns (records added, error or None).
-    #[pyo3(signature = (topic, keys, values))]
+    /// Row i is the branch's record `first_index + i`; a delivery report names that index.
+    #[pyo3(signature = (topic, keys, values, first_index))]
     fn produce_columns(
         &self,
         py: Python<'_>,
         topic: &str,
         keys: Option<Bound<'_, PyAny>>,
         values: Bound<'_, PyAny>,
+        first_index: u64,
     ) -> PyResult<(usize, Option<KafkaErr>)> {
         let c = self.client()?;
         let ctopic = cstring("topic", topic)?;
@@ -305,7 +335,7 @@ impl BranchProducer {
                 let (kptr, klen) = ptr_len(keys.as_ref().and_then(|k| k.get(done)));
                 let rc = unsafe {
                     rd::rd_kafka_produce(rkt, -1, rd::RD_KAFKA_MSG_F_COPY as c_int, vptr as *mut c_void, vlen, kptr, klen,
-                                         ptr::null_mut())
+                                         opaque(first_index + done as u64))
                 };
                 if rc == 0 {
                     done += 1;
@@ -361,6 +391,17 @@ impl BranchProducer {
             self.reports.purged.load(Ordering::Relaxed),
             self.reports.client_errors.lock().unwrap().clone(),
         )
+    }
+
+    /// (how many records failed, the largest of them), as reported so far. Cheap: no copy of the list.
+    fn failed(&self) -> (u64, Option<Failure>) {
+        (self.reports.failed.load(Ordering::Relaxed), self.reports.largest.lock().unwrap().clone())
+    }
+
+    /// True once a record failed or was dropped with a failed transaction: the transaction can no
+    /// longer commit, so waiting for the rest of its records is pointless.
+    fn has_failed(&self) -> bool {
+        self.reports.failed.load(Ordering::Relaxed) > 0 || self.reports.purged.load(Ordering::Relaxed) > 0
     }
 
     /// Destroys the client now: threads and sockets go, an open transaction stays open (librdkafka's

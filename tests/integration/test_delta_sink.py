@@ -342,3 +342,33 @@ def test_data_files_drop_the_dictionary_of_distinct_columns_and_read_back_whole(
     assert "RLE_DICTIONARY" in encodings["topic"], encodings
     assert written.read().equals(pa.Table.from_batches([batch]))
     assert json.loads(add["stats"])["numRecords"] == n
+
+
+def test_a_side_topic_record_the_broker_refuses_fails_the_task_fast_naming_the_option(spark, tmp_path, kafka_bootstrap,
+                                                                                       new_topic):
+    """A side-topic record under the producer's limit but over the topic's max.message.bytes: the broker
+    refuses it in a delivery report, after it joined the task's Kafka transaction, which the refusal fails
+    as a whole; so it cannot go to the dead letters. The task must fail within seconds naming the option
+    and the record's position, without its contents, and leave no transaction of the link open."""
+    import time
+
+    marker = uuid.uuid4().hex
+    topic, dlq, side = new_topic(), new_topic(), new_topic(max_message_bytes=1024)
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i, v in enumerate([b"small", f"payload-{marker}".encode() + b"S" * 5000, b"small too"]):
+        p.produce(topic, value=v, key=f"key-{marker}".encode() if i == 1 else str(i).encode(), partition=0)
+    p.flush(30)
+    table, link = str(tmp_path / "out"), f"d-{uuid.uuid4().hex[:8]}"
+    started = time.monotonic()
+    q = _kafka_to_delta(spark, kafka_bootstrap, topic, table, str(tmp_path / "ckpt"), link,
+                        deadLetterTopic=dlq, sideTopics=side)
+    with pytest.raises(Exception) as failed:  # noqa: PT011 — Spark's StreamingQueryException wraps ours
+        q.awaitTermination(120)
+    assert time.monotonic() - started < 60, "an upper bound against a hang, not a performance figure"
+    text = str(failed.value)
+    assert f"the side-topic record of row #1 of task 0.0's rows (option sideTopics: {side}) ({side} partition 0" in text
+    assert "MSG_SIZE_TOO_LARGE" in text and "cannot go to the dead letters" in text
+    assert marker not in text
+    with KafkaXAResource({"bootstrap.servers": kafka_bootstrap}) as xa:
+        assert xa.recover(f"lastagent-{link}-") == []
+    assert not Path(table, "_delta_log").exists() or spark.read.format("delta").load(table).count() == 0

@@ -148,3 +148,40 @@ def test_missing_topic_is_refused_at_start_naming_the_option(spark, source, tmp_
     with pytest.raises(Exception, match=f"option 'topic': topic\\(s\\) {missing} do not exist"):
         _query(spark, source, tmp_path, kafka_bootstrap, missing).awaitTermination()
     assert not (tmp_path / "arb").exists()  # refused before the link was claimed: nothing written
+
+
+@pytest.mark.parametrize("simple", [True, False], ids=["key-value", "with-partition-column"])
+def test_a_record_the_broker_refuses_fails_the_query_fast_naming_its_position_not_its_contents(
+        spark, tmp_path, kafka_bootstrap, new_topic, simple):
+    """One record larger than the topic's max.message.bytes, smaller than the producer's own limit (1 MB),
+    so the client takes it and the broker refuses it. The query must fail within seconds, the error must
+    name the record's position and the broker's reason without its key or value, and no transaction of the
+    link may stay open (it would hold the partition's last stable offset for read_committed readers)."""
+    import time
+
+    from lastagent import redact
+
+    marker = uuid.uuid4().hex
+    secret_key, secret_value = f"key-{marker}", f"payload-{marker}"
+    source = str(tmp_path / "kv")
+    # One task (one partition) of 10 records; record #7 is 5,000 bytes, on a topic that takes 1,024.
+    (spark.range(10, numPartitions=1)
+     .selectExpr(f"CASE WHEN id = 7 THEN '{secret_key}' ELSE CAST(id AS STRING) END AS key",
+                 f"CASE WHEN id = 7 THEN concat('{secret_value}', repeat('S', 5000)) ELSE CAST(id AS STRING) END "
+                 "AS value")
+     .write.format("delta").save(source))
+    topic = new_topic(partitions=1, max_message_bytes=1024)
+    link = f"it-{uuid.uuid4().hex[:8]}"
+    select = ["key", "value"] if simple else ["key", "value", "CAST(0 AS INT) AS partition"]
+    started = time.monotonic()
+    q = _query(spark, source, tmp_path, kafka_bootstrap, topic, link=link, select=select)
+    with pytest.raises(Exception) as failed:  # noqa: PT011 — Spark's StreamingQueryException wraps ours
+        q.awaitTermination(120)
+    assert time.monotonic() - started < 60, "an upper bound against a hang, not a performance figure"
+    text = str(failed.value)
+    assert (f"record #7 of the branch (topic {topic} partition 0, key {redact.digest(secret_key)}): "
+            "Broker: Message size too large (MSG_SIZE_TOO_LARGE") in text
+    assert "the branch was aborted" in text
+    assert marker not in text and "key b'" not in text  # no key of the refused batch either
+    with KafkaXAResource({"bootstrap.servers": kafka_bootstrap}) as xa:
+        assert xa.recover(f"lastagent-{link}-") == []

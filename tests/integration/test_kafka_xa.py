@@ -12,7 +12,8 @@ import uuid
 import pytest
 from support import read_committed
 
-from lastagent.kafka_xa import BranchError, BranchHandle, BranchWriter, EndOutcome, KafkaXAResource
+from lastagent import redact
+from lastagent.kafka_xa import BranchError, BranchHandle, BranchWriter, EndOutcome, KafkaXAResource, TransactionFailed
 
 pytestmark = pytest.mark.integration
 
@@ -151,26 +152,69 @@ def test_a_record_the_broker_refuses_fails_prepare(kafka_bootstrap, new_topic):
     w.send(topic, b"fine")
     # The topic has one partition. Once the producer has the topic's metadata, produce() refuses
     # at once; before that the record fails in delivery and prepare must say so. Either stops it.
-    with pytest.raises(BranchError, match=rf"delivery failed: topic {topic} partition 7:|Unknown partition"):
+    with pytest.raises(BranchError, match=rf"record #1 of the branch \(topic {topic} partition 7, null key\): "
+                                          r".*Unknown partition"):
         w.send(topic, b"nowhere", partition=7)
         w.prepare(flush_timeout_s=30)
     w.abort_local()
 
 
-def test_a_record_larger_than_the_broker_takes_fails_fast_naming_topic_partition_key_and_limit(kafka_bootstrap,
-                                                                                               new_topic):
+def test_a_record_larger_than_the_broker_takes_fails_fast_naming_topic_partition_key_digest_and_limit(
+        kafka_bootstrap, new_topic):
     """The client's message.max.bytes raised above the broker's: the broker refuses the record, the
     transaction must abort, and the next send (or the prepare) says why."""
     topic = new_topic(partitions=1)
     w = BranchWriter({"bootstrap.servers": kafka_bootstrap, "message.max.bytes": "10000000"},
                      f"xa-{uuid.uuid4().hex[:8]}-0", 60_000)
-    with pytest.raises(BranchError, match=rf"topic {topic} partition 0 key b'big': .*too large.* \(record of "
-                                          r"2000003 bytes; the broker's message.max.bytes"):
+    with pytest.raises(TransactionFailed, match=rf"record #\d+ of the branch \(topic {topic} partition 0, key "
+                                                rf"{redact.digest(b'big')}\): .*too large.* \(MSG_SIZE_TOO_LARGE; the "
+                                                r"record has 2000003 bytes, .* the broker's message.max.bytes"):
         w.send(topic, b"x" * 2_000_000, key=b"big")
         for _ in range(50):
             w.send(topic, b"x" * 2_000_000, key=b"big")
         w.prepare(flush_timeout_s=30)
     w.abort_local()
+
+
+def _ongoing(admin, transactional_id: str) -> bool:
+    """Whether the broker holds transactional_id's transaction open, by a list and a describe."""
+    listed = admin.list_transactions(state_filters=["Ongoing"])
+    if any(t.transactional_id == transactional_id for rows in listed.values() for t in rows):
+        return True
+    return admin.describe_transactions([transactional_id])[transactional_id].state.value == "Ongoing"
+
+
+@pytest.mark.parametrize("records_before", [0, 3])
+def test_a_record_the_broker_refuses_ends_the_branch_at_once_naming_its_position_not_its_contents(
+        kafka_bootstrap, kafka_admin, new_topic, records_before):
+    """A topic whose max.message.bytes is below the record while the producer's own limit (1 MB by
+    default) lets it through: the broker refuses it in delivery. prepare() must fail within seconds,
+    name the record's position (index in the branch, topic, partition, key digest) and the broker's
+    reason, never its key or value, and leave no open transaction on the broker (an open one holds
+    the partition's last stable offset for every read_committed reader)."""
+    topic = new_topic(partitions=1, max_message_bytes=1024)
+    tid = f"xa-refused-{uuid.uuid4().hex[:8]}"
+    secret_key, secret_value = f"key-{uuid.uuid4().hex}".encode(), b"payload-" + b"S" * 5000
+    w = BranchWriter({"bootstrap.servers": kafka_bootstrap}, tid, 600_000)
+    for i in range(records_before):
+        w.send(topic, b"fine", key=str(i).encode())
+    if records_before:
+        w._flush(30)  # noqa: SLF001 — delivered before the refused one: its batch is not the first
+    w.send(topic, secret_value, key=secret_key)
+    started = time.monotonic()
+    with pytest.raises(TransactionFailed) as failed:
+        w.prepare(flush_timeout_s=120)
+    assert time.monotonic() - started < 60, "an upper bound against a hang, not a performance figure"
+    text = str(failed.value)
+    assert (f"record #{records_before} of the branch (topic {topic} partition 0, key {redact.digest(secret_key)}): "
+            "Broker: Message size too large (MSG_SIZE_TOO_LARGE") in text
+    assert secret_key.decode() not in text and "payload-" not in text and "SSSS" not in text
+    assert failed.value.aborted and "the branch was aborted" in text
+    assert failed.value.refused[0].index == records_before
+    assert not _ongoing(kafka_admin, tid)
+    with pytest.raises(BranchError, match="ended after a failure"):
+        w.send(topic, b"more")  # the writer ended the branch: nothing more goes into it
+    w.abort_local()  # and ending it again is a no-op
 
 
 def test_the_pinned_broker_runs_transaction_protocol_2(kafka_bootstrap):

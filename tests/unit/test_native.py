@@ -60,11 +60,11 @@ def test_produce_columns_takes_binary_or_string_columns_only() -> None:
     producer = BranchProducer([("bootstrap.servers", "127.0.0.1:1")])
     try:
         with pytest.raises(NativeKafkaError, match="value: an Arrow Int64 column; binary or string expected"):
-            producer.produce_columns("t", None, pa.array([1, 2]))
+            producer.produce_columns("t", None, pa.array([1, 2]), 0)
         with pytest.raises(NativeKafkaError, match="1 keys for 2 values"):
-            producer.produce_columns("t", pa.array([b"k"]), pa.array([b"a", b"b"]))
+            producer.produce_columns("t", pa.array([b"k"]), pa.array([b"a", b"b"]), 0)
         # Queued locally (no broker needed): string and binary columns, nulls as null keys/values.
-        added, failed = producer.produce_columns("t", pa.array(["k", None]), pa.array([b"v", None]))
+        added, failed = producer.produce_columns("t", pa.array(["k", None]), pa.array([b"v", None]), 0)
         assert (added, failed) == (2, None)
     finally:
         producer.release()
