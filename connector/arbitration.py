@@ -149,6 +149,14 @@ class ArbitrationStore(Protocol):
         """(rows, files) kept, for ``lastagent status``."""
         ...
 
+    def accepted_lost(self, link: str) -> frozenset[int]:
+        """The decided epochs whose lost branches an operator accepted as gone (``lastagent recover --accept-lost``)."""
+        ...
+
+    def accept_lost(self, link: str, epoch: int) -> None:
+        """Records that the lost branches of decided ``epoch`` are accepted as gone, so the link can go on."""
+        ...
+
 
 def stale(link: str, generation: int, current: Ownership | None) -> StaleOwnerError:
     """The error of a run whose generation is no longer the link's."""
@@ -180,6 +188,38 @@ def delta_ownership(table: Any, link: str) -> Ownership | None:
     if gen_key not in conf:
         return None
     return Ownership(conf.get(owner_key, ""), int(conf[gen_key]))
+
+
+def lost_key(link: str) -> str:
+    """The Delta table property that lists the decided epochs whose lost branches an operator accepted."""
+    return f"lastagent.link.{link}.lostAccepted"
+
+
+def accepted_lost_on_delta(table: Any, link: str) -> frozenset[int]:
+    """The epochs in a Delta table's ``lostAccepted`` property (none when the table does not exist)."""
+    if table is None:
+        return frozenset()
+    raw = table.metadata().configuration.get(lost_key(link), "")
+    return frozenset(int(e) for e in raw.split(",") if e.strip())
+
+
+def accept_lost_on_delta(open_table: Callable[[], Any], where: str, link: str, epoch: int) -> None:
+    """Adds ``epoch`` to the table's ``lostAccepted`` property (a metadata commit, re-read on a race)."""
+    from deltalake.exceptions import CommitFailedError
+
+    for _ in range(10):
+        table = open_table()
+        epochs = accepted_lost_on_delta(table, link) | {epoch}
+        try:
+            table.alter.set_table_properties({lost_key(link): ",".join(map(str, sorted(epochs)))},
+                                             raise_if_not_exists=False)
+            return
+        except CommitFailedError:
+            continue
+        except Exception as exc:  # noqa: BLE001 — delta-rs raises plain errors for I/O
+            raise ArbitrationError(f"cannot record the accepted loss of link {link!r} epoch {epoch} in {where}: "
+                                   f"{exc}") from exc
+    raise ArbitrationError(f"link {link!r}: too many concurrent commits to {where} while recording an accepted loss")
 
 
 def claim_on_delta(open_table: Callable[[], Any], where: str, link: str, owner: str, takeover: bool) -> Ownership:
@@ -218,6 +258,7 @@ class InMemoryArbitrationStore:
         self._rows: dict[tuple[str, int], ArbitrationRecord] = {}
         self._latest: dict[str, int] = {}
         self._owners: dict[str, Ownership] = {}
+        self._accepted: dict[str, set[int]] = {}
         self._lock = threading.Lock()
 
     def claim(self, link: str, owner: str, *, takeover: bool = False) -> Ownership:
@@ -267,6 +308,12 @@ class InMemoryArbitrationStore:
 
     def size(self) -> tuple[int, int]:
         return len(self._rows), 0
+
+    def accepted_lost(self, link: str) -> frozenset[int]:
+        return frozenset(self._accepted.get(link, ()))
+
+    def accept_lost(self, link: str, epoch: int) -> None:
+        self._accepted.setdefault(link, set()).add(epoch)
 
     def cleanup(self, link: str, retain_epochs: int) -> int:
         rows = self.records(link)
@@ -502,6 +549,12 @@ class DeltaArbitrationStore:
         table.delete(f"link = '{escaped}' AND epoch <= {limit}")
         table.optimize.compact()
         return len(doomed)
+
+    def accepted_lost(self, link: str) -> frozenset[int]:
+        return accepted_lost_on_delta(self._table(), link)
+
+    def accept_lost(self, link: str, epoch: int) -> None:
+        accept_lost_on_delta(self._ensure_table, f"arbitration table {self.path}", link, epoch)
 
     def size(self) -> tuple[int, int]:
         """(rows, data files) of the table, for ``lastagent status``."""

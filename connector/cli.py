@@ -8,6 +8,7 @@ Examples::
     lastagent recover ... --apply                 # commit decided branches, roll back the rest
     lastagent recover ... --rollback lastagent-orders-3-0
     lastagent recover ... --commit lastagent-orders-3-0   # by hand: the operator decides
+    lastagent recover ... --accept-lost 41        # a decided epoch's expired branch: accept the loss
     lastagent status ... --command-config client.properties  # a secured cluster, as Kafka's own tools
 
 ``--command-config`` reads a Java properties file of Kafka client settings (the ``kafka.*`` options
@@ -17,8 +18,8 @@ passwords stay off the command line; ``--kafka KEY=VALUE`` adds or overrides one
 object store; docs/storage.md); credentials are better left in the environment.
 
 Exit status: 0 when nothing of the link is in doubt, 1 while anything stays in doubt or a
-decided branch was lost (expired: reported by epoch and branch), 2 on bad usage or an
-unreachable broker/table.
+decided branch was lost (expired: reported by epoch and branch) and no operator accepted the loss
+(``--accept-lost``), 2 on bad usage or an unreachable broker/table.
 """
 
 from __future__ import annotations
@@ -112,7 +113,11 @@ def _print_status(status: dict[str, Any]) -> None:
     print(f"  arbitration size: {status['arbitration_rows']} rows in {status['arbitration_files']} files")
     _print_in_doubt(status["in_doubt"])
     for h in status["hazards"]:
-        print(f"  HAZARD: {h['reason']}")
+        if h["accepted"]:
+            print(f"  lost, accepted by an operator: epoch {h['epoch']} branch {h['transactional_id']} "
+                  f"({h['records']} records)")
+        else:
+            print(f"  HAZARD: {h['reason']}")
 
 
 def _print_in_doubt(branches: list[dict[str, Any]]) -> None:
@@ -147,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--apply", action="store_true", help="carry out every listed decision")
             p.add_argument("--commit", nargs="+", default=[], metavar="TXN_ID", help="commit these branches by hand")
             p.add_argument("--rollback", nargs="+", default=[], metavar="TXN_ID", help="roll these back by hand")
+            p.add_argument("--accept-lost", type=int, metavar="EPOCH",
+                           help="accept that decided epoch EPOCH's lost branches (status: HAZARD) are gone, so the "
+                                "link starts again; their records are not recovered (re-produce them first)")
     args = parser.parse_args(argv)
     from kafka.errors import KafkaError
 
@@ -156,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.command == "status":
                 status = _status(committer)
                 print(json.dumps(status, indent=2)) if args.json else _print_status(status)
-                return 1 if status["in_doubt"] or status["hazards"] else 0
+                open_hazards = [h for h in status["hazards"] if not h["accepted"]]
+                return 1 if status["in_doubt"] or open_hazards else 0
             return _recover(committer, args)
     except (LastAgentError, KafkaError, OSError) as exc:
         print(f"lastagent: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -174,7 +183,28 @@ def _require_table(committer: Any, args: argparse.Namespace) -> None:
                                "table there; give the path the query uses")
 
 
+def _accept_lost(committer: Any, epoch: int, as_json: bool) -> int:
+    """Records that decided ``epoch``'s lost branches are gone (XA's forget of a heuristic rollback)."""
+    lost = [h for h in committer.hazards() if h["epoch"] == epoch]
+    if not lost:
+        print(f"lastagent: link {committer.link} epoch {epoch} has no lost decided branch (see `lastagent status`); "
+              "nothing was changed", file=sys.stderr)
+        return 2
+    committer.store.accept_lost(committer.link, epoch)
+    records = sum(h["records"] for h in lost)
+    if as_json:
+        print(json.dumps({"link": committer.link, "accepted_lost": {"epoch": epoch, "branches": lost}}, indent=2))
+    else:
+        print(f"link {committer.link} epoch {epoch}: the loss of {len(lost)} branch(es), {records} record(s), is "
+              "accepted; the link starts again without them")
+        for h in lost:
+            print(f"    {h['transactional_id']}  producer {h['producer_id']}/{h['producer_epoch']}  {h['records']} records")
+    return 0
+
+
 def _recover(committer: Any, args: argparse.Namespace) -> int:
+    if args.accept_lost is not None:
+        return _accept_lost(committer, args.accept_lost, args.json)
     in_doubt = committer.in_doubt()
     by_id = {t.transactional_id: (t, d, e) for t, d, e in in_doubt}
     actions: list[tuple[Any, str]] = []

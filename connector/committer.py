@@ -195,8 +195,10 @@ class Committer:
         Looks at the decided epochs not yet confirmed (newer than the newest record's
         ``confirmed_through``): a recorded branch that is not open and whose transaction the
         broker reports aborted lost its records although its epoch is recorded as committed.
+        ``accepted`` says whether an operator accepted that epoch's loss (``--accept-lost``).
         """
         records = self.store.records(self.link)
+        accepted = self.store.accepted_lost(self.link) if records else frozenset()
         confirmed = max((r.confirmed_through for r in records), default=-1)
         open_now = {Branch.of(t) for t in self._open()}
         out = []
@@ -209,6 +211,7 @@ class Committer:
                 if self._xa().how_ended(h) == "aborted":
                     out.append({"epoch": r.epoch, "transactional_id": h.transactional_id, "producer_id": h.producer_id,
                                 "producer_epoch": h.producer_epoch, "records": h.records,
+                                "accepted": r.epoch in accepted,
                                 "reason": protocol.lost_branch_reason(self.link, r.epoch, Branch.of(h),
                                                                       "the broker aborted it (expired)")})
         return out
@@ -349,10 +352,25 @@ class Committer:
                 raise DecidedBranchLostError(a.reason) if a.decided else EpochNotDecidedError(a.reason)
 
     def _require_committed(self, results: Sequence[EndResult], epoch_of: dict[Branch, int]) -> None:
+        """Every decided branch ended committed, or its epoch's loss was accepted by an operator.
+
+        Raises:
+            DecidedBranchLostError: a decided branch ended otherwise (expired, fenced), naming link,
+                epoch and branch, unless ``lastagent recover --accept-lost <epoch>`` accepted it.
+        """
+        accepted: frozenset[int] | None = None
         for r in results:
             if r.outcome in (EndOutcome.COMMITTED, EndOutcome.NOTHING_TO_END):
                 continue
             h = r.handle
             branch = Branch.of(h)
+            epoch = epoch_of.get(branch, -1)
+            if accepted is None:
+                accepted = self.store.accepted_lost(self.link)
+            if epoch in accepted:
+                log.warning("link %s epoch %d: decided branch %s was lost (%d records); the operator accepted the loss "
+                            "(lastagent recover --accept-lost %d), so the link goes on without it", self.link, epoch,
+                            h.transactional_id, h.records, epoch)
+                continue
             raise DecidedBranchLostError(protocol.lost_branch_reason(
-                self.link, epoch_of.get(branch, -1), branch, f"{r.outcome.value} ({h.records} records); {r.detail}"))
+                self.link, epoch, branch, f"{r.outcome.value} ({h.records} records); {r.detail}"))

@@ -400,6 +400,7 @@ def lost_branch_reason(link: str, epoch: int, branch: Branch, detail: str = "") 
                     "transaction.timeout.ms, or fenced by a new producer of the same id)"
     return (f"link {link!r} epoch {epoch}: decided branch {branch.transactional_id} (producer id "
             f"{branch.producer_id}, epoch {branch.producer_epoch}) was not committed: {why}. Its records are "
-            "missing from Kafka although the epoch is recorded as committed; raise kafka.transaction.timeout.ms, "
-            "and re-produce the epoch from the source (needs a deterministic query) or repair by hand "
-            "(lastagent recover).")
+            "missing from Kafka although the epoch is recorded as committed. Every start of the link stops here until "
+            "an operator decides: re-produce the epoch's records from the source by hand, then accept the loss "
+            f"with `lastagent recover --link {link} ... --accept-lost {epoch}` (the link then goes on without "
+            "them); and raise kafka.transaction.timeout.ms.")

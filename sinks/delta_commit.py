@@ -21,7 +21,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from lastagent.arbitration import (ArbitrationError, ArbitrationRecord, Decision, LatestTable, LinkMismatchError,
-                                   Ownership, claim_on_delta, delta_ownership, stale)
+                                   Ownership, accept_lost_on_delta, accepted_lost_on_delta, claim_on_delta,
+                                   delta_ownership, stale)
 from lastagent.errors import LastAgentError
 from lastagent.sinks import delta_files
 from lastagent.storage import Location, StorageConfig, location
@@ -515,6 +516,12 @@ class TargetTableStore:
                 f"option 'link': the checkpoint has committed epochs but Delta table {self.path} has no commit of "
                 f"link {link!r}, only of {others}. A link's name must stay stable (its epochs are found by it); "
                 "use the old name, or a new checkpointLocation for a new link")
+
+    def accepted_lost(self, link: str) -> frozenset[int]:
+        return accepted_lost_on_delta(self.table(), link)
+
+    def accept_lost(self, link: str, epoch: int) -> None:
+        accept_lost_on_delta(self._claimable, f"Delta table {self.path}", link, epoch)
 
     def size(self) -> tuple[int, int]:
         """(lastagent commits in recent history, data files) for ``lastagent status``."""

@@ -86,6 +86,25 @@ def test_expired_decided_branch_is_reported_by_epoch_and_branch(kafka_bootstrap,
     assert [(h["epoch"], h["transactional_id"]) for h in doc["hazards"]] == [(4, handle.transactional_id)]
     text = lastagent("status", *common)
     assert f"HAZARD: link '{link}' epoch 4: decided branch {handle.transactional_id}" in text.stdout
+    assert "--accept-lost 4" in text.stdout
+
+    # Every start stops on the lost branch, naming it, until an operator accepts the loss.
+    from lastagent.committer import Committer, DecidedBranchLostError
+    from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
+
+    options = KafkaSinkOptions.parse({"kafka.bootstrap.servers": kafka_bootstrap, "link": link,
+                                      "arbitrationTable": arb, "checkpointLocation": str(tmp_path / "ckpt")})
+    with Committer(options) as committer, pytest.raises(DecidedBranchLostError, match=handle.transactional_id):
+        committer.start(owner="q")
+    assert lastagent("recover", *common, "--accept-lost", "3").returncode == 2  # no loss there: nothing changes
+    accepted = lastagent("recover", *common, "--accept-lost", "4")
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+    assert "the loss of 1 branch(es), 1 record(s), is accepted" in accepted.stdout
+    with Committer(options) as committer:
+        committer.start(owner="q")  # the link goes on
+    status = lastagent("status", *common, "--json")
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert [h["accepted"] for h in json.loads(status.stdout)["hazards"]] == [True]
 
 
 def test_status_of_a_table_that_is_not_there_fails(kafka_bootstrap, tmp_path):

@@ -340,6 +340,12 @@ class ModelStore:
     def size(self) -> tuple[int, int]:
         return len(self.w.arb.rows), 0
 
+    def accepted_lost(self, link: str) -> frozenset[int]:
+        return frozenset()  # no operator in the model: a lost decided branch always stops the query
+
+    def accept_lost(self, link: str, epoch: int) -> None:
+        raise AssertionError("the model has no operator")
+
 
 class ModelCheckpoint:
     """The checkpoint port over the model's commit log."""
