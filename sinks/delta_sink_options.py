@@ -72,7 +72,9 @@ DELTA_SINK_OPTIONS = OptionTable([
     Option("kafka.bootstrap.servers", "string", "", "Kafka bootstrap servers; required with deadLetterTopic or "
                                                     "sideTopics."),
     Option("kafka.transaction.timeout.ms", "integer", str(DEFAULT_TRANSACTION_TIMEOUT_MS),
-           "Kafka aborts a prepared side-output branch after this; at most the broker's transaction.max.timeout.ms.",
+           "Kafka aborts a prepared side-output branch after this; at most the broker's transaction.max.timeout.ms. "
+           "An epoch with side outputs is decided only while each branch has a quarter of this (at most 2 "
+           "minutes) left; a longer epoch is rolled back and the query stops (EpochNotDecidedError).",
            minimum=1000),
     Option("phase2Parallelism", "integer", "8", "Kafka branches committed in parallel after the Delta commit.",
            minimum=1),

@@ -39,8 +39,10 @@ SINK_OPTIONS = OptionTable([
                                                "spark.read.format('delta'))."),
     Option("topic", "string", "", "Topic for every row; overrides the 'topic' column, as in Spark's kafka sink."),
     Option("kafka.transaction.timeout.ms", "integer", str(DEFAULT_TRANSACTION_TIMEOUT_MS),
-           "Kafka aborts a prepared branch after this; must stay well above an epoch's decide + commit time and at "
-           "most the broker's transaction.max.timeout.ms.", minimum=1000),
+           "Kafka aborts a prepared branch after this; at most the broker's transaction.max.timeout.ms. An epoch "
+           "is decided only while each of its branches has a quarter of this (at most 2 minutes) left; a longer "
+           "epoch is rolled back and the query stops (EpochNotDecidedError), to be replayed on restart.",
+           minimum=1000),
     Option("arbitrationRetentionEpochs", "integer", "100", "Confirmed epochs kept in the arbitration table before "
                                                            "cleanup.", minimum=0),
     Option("arbitrationCleanupEvery", "integer", "50", "Run arbitration cleanup and compaction every N epochs.",
