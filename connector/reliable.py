@@ -512,13 +512,51 @@ def kept_groups(spark: Any, checkpoint: str) -> dict[str, group_rules.GroupState
     return kept
 
 
+#: A held message's row in the state store: this prefix (the format's name and version), then one Arrow IPC
+#: stream holding the row (its schema carries pandas' column metadata). Arrow's IPC format is stable across
+#: pyarrow, pandas and Python versions, where a pickled frame may not load after an upgrade of any of them.
+HELD_ROW_FORMAT = b"lastagent.held.arrow.v1\n"
+
+
+def held_bytes(row: Any) -> bytes:
+    """A held message's row (a one-row pandas frame of the payload columns), as stored. Executor side."""
+    import pyarrow as pa
+
+    table = pa.Table.from_pandas(row, preserve_index=False)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return HELD_ROW_FORMAT + sink.getvalue().to_pybytes()
+
+
+def held_row(stored: bytes) -> Any:
+    """The row :func:`held_bytes` stored, as a pandas frame. Executor side.
+
+    A row stored by lastagent before this format (a pickled frame, in a checkpoint written by an earlier
+    version) is still read, so a running link can be upgraded; anything else is refused.
+
+    Raises:
+        LastAgentError: the stored bytes are neither format.
+    """
+    import pyarrow as pa
+
+    if stored.startswith(HELD_ROW_FORMAT):
+        return pa.ipc.open_stream(stored[len(HELD_ROW_FORMAT):]).read_all().to_pandas()
+    if stored[:1] == b"\x80":  # pickle's PROTO opcode: what versions before the Arrow format wrote
+        return pickle.loads(stored)  # noqa: S301 — written by this step into the query's own checkpoint
+    raise LastAgentError(f"a held row of lastagent.reliable_groups in the checkpoint has an unknown format "
+                         f"({len(stored)} bytes, neither {HELD_ROW_FORMAT!r} nor a pickle); it was written by a newer "
+                         "version of lastagent: resume the query with that version")
+
+
 class _BucketProcessor(StatefulProcessor):
     """The rules for the group ids of one bucket per call, state in Spark's state store. Executor side.
 
     State per bucket: ``groups``, one value: ``[version, BUCKETS, registered timer, {group id: [deadline,
     state]}]`` (compact JSON; the state as :func:`lastagent.group_rules.to_fields` gives it), and ``held``, an
-    ordered group's held messages' rows by (group id, sequence number). One event-time timer per bucket (on
-    the watermark that follows the micro-batches' time), at the earliest deadline of its groups.
+    ordered group's held messages' rows by (group id, sequence number), each as :func:`held_bytes` stores it.
+    One event-time timer per bucket (on the watermark that follows the micro-batches' time), at the earliest
+    deadline of its groups.
     """
 
     def __init__(self, settings: Settings, payload: tuple[str, ...], columns: tuple[str, ...], layout: _Layout,
@@ -578,7 +616,7 @@ class _BucketProcessor(StatefulProcessor):
                 raise LastAgentError(f"group {m.group!r}: held message {m.seq} has no stored row; the state store "
                                      "is inconsistent with the group's state")
             self.held.removeKey(key)
-            frame = pickle.loads(bytes(stored[0]))
+            frame = held_row(bytes(stored[0]))
             assert isinstance(frame, pd.DataFrame)
             return frame
 
@@ -674,8 +712,7 @@ class _BucketProcessor(StatefulProcessor):
             state, actions = group_rules.receive(state, m, now, self.limits)
             self._emit(actions, out, pending)
         for seq, i in pending.items():
-            self.held.updateValue((group, seq), (pickle.dumps(frame.iloc[[i]][list(self.payload)],
-                                                              protocol=pickle.HIGHEST_PROTOCOL),))
+            self.held.updateValue((group, seq), (held_bytes(frame.iloc[[i]][list(self.payload)]),))
         return state
 
     def _plain(self, frame: Any) -> tuple[Any, Any, Any]:

@@ -184,3 +184,34 @@ def test_without_the_micro_batch_time_the_processor_stops_and_changes_nothing(ba
     with pytest.raises(LastAgentError, match="no micro-batch time"):
         list(processor.handleInputRows(("a",), iter([frame]), TimerValues(batch_time, 0)))
     assert handle.calls == []
+
+
+def test_a_held_row_is_stored_as_versioned_arrow_and_reads_back_as_it_was():
+    """Held rows outlive pandas and Python upgrades (Arrow IPC, not pickle); rows an earlier version pickled
+    still read; bytes of an unknown format are refused without being quoted."""
+    import datetime as dt
+    import pickle
+
+    import pandas as pd
+
+    from lastagent.errors import LastAgentError
+    from lastagent.reliable import HELD_ROW_FORMAT, held_bytes, held_row
+
+    row = pd.DataFrame({
+        "key": [b"k-1"], "value": [b"\x00payload"], "topic": ["orders"], "partition": [3], "offset": [41],
+        "timestamp": [pd.Timestamp(dt.datetime(2026, 11, 25, 10, 0, 0))], "missing": [None],
+        "headers": [[{"key": "GroupId", "value": b"g1"}, {"key": "MessageNumber", "value": b"7"}]],
+    })
+    stored = held_bytes(row)
+    assert stored.startswith(HELD_ROW_FORMAT) and b"\x80\x05" not in stored[:len(HELD_ROW_FORMAT) + 2]
+    back = held_row(stored)
+    assert list(back.columns) == list(row.columns)
+    assert back.iloc[0]["key"] == b"k-1" and back.iloc[0]["value"] == b"\x00payload"
+    assert back.iloc[0]["partition"] == 3 and back.iloc[0]["offset"] == 41 and back.iloc[0]["missing"] is None
+    assert back.iloc[0]["timestamp"] == row.iloc[0]["timestamp"]
+    assert [dict(h) for h in back.iloc[0]["headers"]] == row.iloc[0]["headers"]
+    legacy = pickle.dumps(row, protocol=pickle.HIGHEST_PROTOCOL)  # what earlier versions stored
+    pd.testing.assert_frame_equal(held_row(legacy), row)
+    with pytest.raises(LastAgentError, match="unknown format") as refused:
+        held_row(b"secret-record-bytes")
+    assert "secret" not in str(refused.value)
