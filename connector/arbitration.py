@@ -203,23 +203,47 @@ def accepted_lost_on_delta(table: Any, link: str) -> frozenset[int]:
     return frozenset(int(e) for e in raw.split(",") if e.strip())
 
 
-def accept_lost_on_delta(open_table: Callable[[], Any], where: str, link: str, epoch: int) -> None:
-    """Adds ``epoch`` to the table's ``lostAccepted`` property (a metadata commit, re-read on a race)."""
+def alter_properties(open_table: Callable[[], Any], where: str, what: str,
+                     properties_of: Callable[[Any], dict[str, str] | None]) -> dict[str, str] | None:
+    """Sets Delta table properties worked out from the table's newest version. Driver side.
+
+    A property change is a metadata commit, which Delta refuses when another commit raced it: then
+    the table is read again and ``properties_of`` asked again, up to 10 times.
+
+    Args:
+        open_table: the table at its newest version.
+        where: the table, for messages.
+        what: what the properties record, for messages (e.g. "the owner of link 'x'").
+        properties_of: the properties to set, from the table as read; None when nothing is to be
+            set; it may raise to refuse.
+
+    Returns:
+        The properties set, or None when ``properties_of`` said nothing was to be set.
+
+    Raises:
+        ArbitrationError: the table could not be written, or lost the race 10 times.
+    """
     from deltalake.exceptions import CommitFailedError
 
     for _ in range(10):
         table = open_table()
-        epochs = accepted_lost_on_delta(table, link) | {epoch}
+        properties = properties_of(table)
+        if properties is None:
+            return None
         try:
-            table.alter.set_table_properties({lost_key(link): ",".join(map(str, sorted(epochs)))},
-                                             raise_if_not_exists=False)
-            return
-        except CommitFailedError:
-            continue
+            table.alter.set_table_properties(properties, raise_if_not_exists=False)
+            return properties
+        except CommitFailedError as exc:
+            log.info("recording %s in %s raced another commit (%s); re-reading", what, where, exc)
         except Exception as exc:  # noqa: BLE001 — delta-rs raises plain errors for I/O
-            raise ArbitrationError(f"cannot record the accepted loss of link {link!r} epoch {epoch} in {where}: "
-                                   f"{exc}") from exc
-    raise ArbitrationError(f"link {link!r}: too many concurrent commits to {where} while recording an accepted loss")
+            raise ArbitrationError(f"cannot record {what} in {where}: {exc}") from exc
+    raise ArbitrationError(f"too many concurrent commits to {where} while recording {what}")
+
+
+def accept_lost_on_delta(open_table: Callable[[], Any], where: str, link: str, epoch: int) -> None:
+    """Adds ``epoch`` to the table's ``lostAccepted`` property (a metadata commit, re-read on a race)."""
+    alter_properties(open_table, where, f"the accepted loss of link {link!r} epoch {epoch}", lambda table: {
+        lost_key(link): ",".join(map(str, sorted(accepted_lost_on_delta(table, link) | {epoch})))})
 
 
 def claim_on_delta(open_table: Callable[[], Any], where: str, link: str, owner: str, takeover: bool) -> Ownership:
@@ -228,27 +252,21 @@ def claim_on_delta(open_table: Callable[[], Any], where: str, link: str, owner: 
     A property change is a metadata commit: Delta refuses any commit (a decision, another claim)
     that raced with it, so a decider that read the old generation must re-read and is refused.
     """
-    from deltalake.exceptions import CommitFailedError
+    owner_key, gen_key = owner_keys(link)
 
-    for _ in range(10):
-        table = open_table()
+    def claim(table: Any) -> dict[str, str]:
         current = delta_ownership(table, link)
         if current is not None and current.owner not in ("", owner) and not takeover:
             raise owned(link, where, current, owner)
         # A takeover (the admin command) moves the generation but keeps the owner ("" for none).
-        claimed = Ownership(current.owner if (current and takeover) else owner,
-                            (current.generation if current else 0) + 1)
-        owner_key, gen_key = owner_keys(link)
-        try:
-            table.alter.set_table_properties({owner_key: claimed.owner, gen_key: str(claimed.generation)},
-                                             raise_if_not_exists=False)
-            log.info("link %s: generation %d claimed by %s in %s", link, claimed.generation, claimed.owner, where)
-            return claimed
-        except CommitFailedError as exc:
-            log.info("link %s: claim in %s raced another commit (%s); re-reading", link, where, exc)
-        except Exception as exc:  # noqa: BLE001 — delta-rs raises plain errors for I/O
-            raise ArbitrationError(f"cannot record the owner of link {link!r} in {where}: {exc}") from exc
-    raise ArbitrationError(f"link {link!r}: too many concurrent commits to {where} while claiming it")
+        return {owner_key: current.owner if (current and takeover) else owner,
+                gen_key: str((current.generation if current else 0) + 1)}
+
+    claimed = alter_properties(open_table, where, f"the owner of link {link!r}", claim)
+    assert claimed is not None, "claim() always has properties to set"
+    ownership = Ownership(claimed[owner_key], int(claimed[gen_key]))
+    log.info("link %s: generation %d claimed by %s in %s", link, ownership.generation, ownership.owner, where)
+    return ownership
 
 
 class InMemoryArbitrationStore:

@@ -361,10 +361,10 @@ class BranchWriter:
         if name == "_STATE":  # the transaction failed earlier; the cause is in the delivery reports
             self._flush(_CAUSE_WAIT_S)  # serves pending reports; returns at the first failure
             return self._fail("the transaction failed and was not usable any more", f"{text} ({name})")
-        where = f"topic {topic}" + (f" partition {partition}" if partition is not None and partition >= 0 else "")
+        record = RefusedRecord(topic, partition if partition is not None and partition >= 0 else None, index,
+                               redact.key_label(key), 0, name, text)
         error = RecordTooLarge if name == "MSG_SIZE_TOO_LARGE" else BranchError
-        return error(f"branch {self.transactional_id}: record #{index} of the branch ({where}, "
-                     f"{redact.key_label(key)}): {text} ({name})")
+        return error(f"branch {self.transactional_id}: {record.position()}: {text} ({name})")
 
     def send(self, topic: str, value: bytes | None, key: bytes | None = None,
              headers: Sequence[tuple[str, str | bytes | None]] | None = None, partition: int | None = None) -> None:

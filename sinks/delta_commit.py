@@ -21,8 +21,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from lastagent.arbitration import (ArbitrationError, ArbitrationRecord, Decision, LatestTable, LinkMismatchError,
-                                   Ownership, accept_lost_on_delta, accepted_lost_on_delta, claim_on_delta,
-                                   delta_ownership, stale)
+                                   Ownership, accept_lost_on_delta, accepted_lost_on_delta, alter_properties,
+                                   claim_on_delta, delta_ownership, owner_keys, stale)
 from lastagent.errors import LastAgentError
 from lastagent.sinks import delta_files
 from lastagent.storage import Location, StorageConfig, location
@@ -168,21 +168,10 @@ class TargetTableStore:
         delta-rs cannot create a table with properties of ours, so this is a commit of its own; a
         racing commit makes it re-read, and an owner already recorded stays.
         """
-        from deltalake.exceptions import CommitFailedError
-
-        from lastagent.arbitration import owner_keys
-
         owner_key, gen_key = owner_keys(link)
-        for _ in range(10):
-            table = self._claimable()
-            if delta_ownership(table, link) is not None:
-                return
-            try:
-                table.alter.set_table_properties({owner_key: self._owner(), gen_key: "0"}, raise_if_not_exists=False)
-                return
-            except CommitFailedError:
-                continue
-        raise ArbitrationError(f"link {link!r}: too many concurrent commits to {self.path} while recording its owner")
+        alter_properties(self._claimable, f"Delta table {self.path}", f"the owner of link {link!r}",
+                         lambda table: None if delta_ownership(table, link) is not None
+                         else {owner_key: self._owner(), gen_key: "0"})
 
     def _owner(self) -> str:
         """The query that owns the checkpoint: the owner a new table records for generation 0."""
