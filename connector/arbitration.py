@@ -48,15 +48,63 @@ class StaleOwnerError(ArbitrationError):
 
 @dataclass(frozen=True)
 class Ownership:
-    """Who owns a link: the Spark query id of its checkpoint and the generation of its current run.
+    """Who owns a link: the Spark query id of its checkpoint, the generation of its current run, and that run.
 
-    Every query start claims the next generation (race-safely, in the arbitration store) before it
-    recovers anything; a decision is written only for the generation that stands, so a run that
-    was superseded can never decide an epoch.
+    A run of the query (Spark's run id, new at every ``start()`` of the query) claims the next
+    generation once, race-safely, in the arbitration store, before any of its tasks writes; all its
+    epochs are decided under that generation and its tasks' transactional ids carry it. A decision
+    is written only for the generation that stands, so a run that was superseded can never decide
+    an epoch, and a superseded run (in ``retired``) can never claim again.
+
+    Attributes:
+        owner: the query id of the checkpoint ("" after ``lastagent recover`` fenced the link).
+        generation: the current run's generation.
+        run: the current run's id ("" when no run claimed it: a first run before its table
+            existed, or after ``lastagent recover``).
+        retired: the ids of the runs this link had before, newest last (at most :data:`RETIRED_RUNS`).
     """
 
     owner: str
     generation: int
+    run: str = ""
+    retired: tuple[str, ...] = ()
+
+
+#: How many superseded run ids a link remembers, so that a zombie run cannot claim the link back.
+RETIRED_RUNS = 16
+
+
+def next_ownership(link: str, where: str, current: Ownership | None, owner: str, run: str = "",
+                   takeover: bool = False) -> Ownership | None:
+    """What a claim changes: the next ownership, or None when ``run`` holds the link already. Pure.
+
+    Args:
+        link, where: for messages.
+        current: the ownership as read.
+        owner: the claiming query's id.
+        run: the claiming run's id ("" for a claim that is not a run's: tests, the admin command).
+        takeover: the admin command fences the running owner without replacing it.
+
+    Raises:
+        LinkOwnedError: another query owns the link (unless ``takeover``).
+        StaleOwnerError: ``run`` was superseded already (a zombie run).
+    """
+    if current is not None and current.owner not in ("", owner) and not takeover:
+        raise owned(link, where, current, owner)
+    if run and current is not None:
+        if current.run == run:
+            return None
+        if run in current.retired:
+            raise StaleOwnerError(
+                f"link {link!r}: run {run} was superseded (run {current.run or '(none)'}, generation "
+                f"{current.generation}, holds the link now: the query was started again, or `lastagent recover` ran); "
+                "this run writes nothing more and stops")
+    retired = current.retired if current else ()
+    if current is not None and current.run:
+        retired = (*retired, current.run)[-RETIRED_RUNS:]
+    # A takeover (the admin command) moves the generation but keeps the owner ("" for none).
+    return Ownership(current.owner if (current and takeover) else owner,
+                     (current.generation if current else 0) + 1, run, retired)
 
 
 @dataclass(frozen=True)
@@ -96,12 +144,16 @@ class ArbitrationStore(Protocol):
     ``lastagent-delta`` target table (``TargetTableStore``) and, for tests, memory.
     """
 
-    def claim(self, link: str, owner: str, *, takeover: bool = False) -> Ownership:
-        """Claims the link's next generation for ``owner``, race-safely.
+    def claim(self, link: str, owner: str, *, takeover: bool = False, run: str = "") -> Ownership:
+        """Claims the link's next generation for ``owner``'s ``run``, race-safely (:func:`next_ownership`).
+
+        Called by a run's first tasks (executors) with the run's id: a run that holds the link
+        already changes nothing. Tests and the admin command claim with no run.
 
         Raises:
             LinkOwnedError: another owner holds the link (unless ``takeover``: the admin command
                 fences the running owner without replacing it).
+            StaleOwnerError: ``run`` was superseded already.
         """
         ...
 
@@ -181,13 +233,28 @@ def owner_keys(link: str) -> tuple[str, str]:
     return f"lastagent.link.{link}.owner", f"lastagent.link.{link}.generation"
 
 
+def run_keys(link: str) -> tuple[str, str]:
+    """The Delta table properties that hold a link's current run and its retired runs."""
+    return f"lastagent.link.{link}.run", f"lastagent.link.{link}.retiredRuns"
+
+
 def delta_ownership(table: Any, link: str) -> Ownership | None:
     """A link's ownership from a Delta table's properties (a snapshot read, no history)."""
     owner_key, gen_key = owner_keys(link)
+    run_key, retired_key = run_keys(link)
     conf = table.metadata().configuration
     if gen_key not in conf:
         return None
-    return Ownership(conf.get(owner_key, ""), int(conf[gen_key]))
+    retired = tuple(r for r in conf.get(retired_key, "").split(",") if r)
+    return Ownership(conf.get(owner_key, ""), int(conf[gen_key]), conf.get(run_key, ""), retired)
+
+
+def ownership_properties(link: str, ownership: Ownership) -> dict[str, str]:
+    """The Delta table properties that record ``ownership``."""
+    owner_key, gen_key = owner_keys(link)
+    run_key, retired_key = run_keys(link)
+    return {owner_key: ownership.owner, gen_key: str(ownership.generation), run_key: ownership.run,
+            retired_key: ",".join(ownership.retired)}
 
 
 def lost_key(link: str) -> str:
@@ -246,26 +313,28 @@ def accept_lost_on_delta(open_table: Callable[[], Any], where: str, link: str, e
         lost_key(link): ",".join(map(str, sorted(accepted_lost_on_delta(table, link) | {epoch})))})
 
 
-def claim_on_delta(open_table: Callable[[], Any], where: str, link: str, owner: str, takeover: bool) -> Ownership:
-    """Claims the next generation in a Delta table's properties.
+def claim_on_delta(open_table: Callable[[], Any], where: str, link: str, owner: str, takeover: bool,
+                   run: str = "") -> Ownership:
+    """Claims the next generation in a Delta table's properties, unless ``run`` holds it already.
 
     A property change is a metadata commit: Delta refuses any commit (a decision, another claim)
     that raced with it, so a decider that read the old generation must re-read and is refused.
+    Runs once per run of a query (by its first tasks), not per epoch: a run that holds the link
+    reads the table and changes nothing.
     """
-    owner_key, gen_key = owner_keys(link)
+    claimed: list[Ownership] = []
 
-    def claim(table: Any) -> dict[str, str]:
+    def claim(table: Any) -> dict[str, str] | None:
         current = delta_ownership(table, link)
-        if current is not None and current.owner not in ("", owner) and not takeover:
-            raise owned(link, where, current, owner)
-        # A takeover (the admin command) moves the generation but keeps the owner ("" for none).
-        return {owner_key: current.owner if (current and takeover) else owner,
-                gen_key: str((current.generation if current else 0) + 1)}
+        after = next_ownership(link, where, current, owner, run, takeover)
+        claimed[:] = [after or current]  # type: ignore[list-item] — None only when current holds the run
+        return None if after is None else ownership_properties(link, after)
 
-    claimed = alter_properties(open_table, where, f"the owner of link {link!r}", claim)
-    assert claimed is not None, "claim() always has properties to set"
-    ownership = Ownership(claimed[owner_key], int(claimed[gen_key]))
-    log.info("link %s: generation %d claimed by %s in %s", link, ownership.generation, ownership.owner, where)
+    changed = alter_properties(open_table, where, f"the owner of link {link!r}", claim)
+    ownership = claimed[0]
+    if changed is not None:
+        log.info("link %s: generation %d claimed by %s (run %s) in %s", link, ownership.generation, ownership.owner,
+                 ownership.run or "-", where)
     return ownership
 
 
@@ -279,13 +348,13 @@ class InMemoryArbitrationStore:
         self._accepted: dict[str, set[int]] = {}
         self._lock = threading.Lock()
 
-    def claim(self, link: str, owner: str, *, takeover: bool = False) -> Ownership:
+    def claim(self, link: str, owner: str, *, takeover: bool = False, run: str = "") -> Ownership:
         with self._lock:
             current = self._owners.get(link)
-            if current is not None and current.owner not in ("", owner) and not takeover:
-                raise owned(link, "memory", current, owner)
-            claimed = Ownership(current.owner if (current and takeover) else owner,
-                                (current.generation if current else 0) + 1)
+            claimed = next_ownership(link, "memory", current, owner, run, takeover)
+            if claimed is None:
+                assert current is not None
+                return current
             self._owners[link] = claimed
             return claimed
 
@@ -482,8 +551,8 @@ class DeltaArbitrationStore:
                 "use the old name, or a new arbitrationTable for a new link"
             )
 
-    def claim(self, link: str, owner: str, *, takeover: bool = False) -> Ownership:
-        return claim_on_delta(self._ensure_table, f"arbitration table {self.path}", link, owner, takeover)
+    def claim(self, link: str, owner: str, *, takeover: bool = False, run: str = "") -> Ownership:
+        return claim_on_delta(self._ensure_table, f"arbitration table {self.path}", link, owner, takeover, run)
 
     def ownership(self, link: str) -> Ownership | None:
         table = self._table()

@@ -92,23 +92,24 @@ class Committer:
                 f"({broker_max}); lower the option or raise the broker setting",
             )
 
-    def start(self, owner: str | None = None) -> tuple[Ownership, int]:
-        """Query start: claim the link, then recover (:func:`lastagent.protocol.recover`). Driver.
+    def start(self, owner: str | None = None) -> tuple[Ownership | None, int]:
+        """A sink's start, before every epoch's tasks: checks, and finishes decided branches. Driver.
 
-        The claim comes first and is race-safe: from then on no earlier run of the link (a query
-        still running elsewhere, or an earlier attempt of this one) can decide an epoch, so what
-        recovery reads cannot change under it. Every open transaction of the link from earlier
-        generations is listed from the broker. One recorded in a kept decision is committed; a
-        recorded branch of an epoch Spark has not logged that is no longer open is committed
-        again, and one the broker ended otherwise (expired) raises :class:`DecidedBranchLostError`.
-        Every other open branch of earlier generations is rolled back (presumed abort).
+        pyspark starts a sink's writer before each epoch, and nothing there tells a new run of the
+        query from the running one, nor shows that an earlier run has stopped. So the start changes
+        nothing an earlier run could still depend on: it claims nothing (a run's first tasks claim
+        the link, keyed by Spark's run id: :func:`lastagent.sinks.query_run.task_generation`) and
+        rolls nothing back; it only commits the open branches that a kept decision names (and
+        stops on a decided branch that is lost: :class:`DecidedBranchLostError`). The undecided
+        branches of earlier runs are rolled back after the new run's claim, by its first epoch's
+        commit (:func:`lastagent.protocol.sweep`).
 
         Args:
             owner: the Spark query id of the checkpoint; defaults to the one in ``checkpointLocation``.
 
         Returns:
-            (the claimed ownership, the newest decided epoch or -1): re-run tasks of an epoch at or
-            below that epoch write nothing.
+            (the link's ownership as read, None before any claim; the newest decided epoch or -1):
+            re-run tasks of an epoch at or below that epoch write nothing.
 
         Raises:
             LinkOwnedError: another query owns the link (nothing changed).
@@ -117,7 +118,30 @@ class Committer:
         self._check_checkpoint_belongs_here()
         if owner is None:
             owner = self.checkpoint.query_id()
-        ownership = self.store.claim(self.link, owner)
+        ownership = self.store.ownership(self.link)
+        if ownership is not None and ownership.owner not in ("", owner):
+            from lastagent.arbitration import owned
+
+            raise owned(self.link, getattr(self.store, "path", "the arbitration store"), ownership, owner)
+        return ownership, self._recover(ownership, roll_back_undecided=False)
+
+    def claim_and_recover(self, owner: str | None = None) -> tuple[Ownership, int]:
+        """Claims a new generation, then finishes everything earlier runs left. Driver.
+
+        What a run's claim plus its first epoch's sweep do in a query, in one call, for the admin
+        command and tests: after the claim no earlier run can decide an epoch, so every open branch
+        of earlier generations that no decision names is rolled back (presumed abort).
+
+        Returns:
+            (the claimed ownership, the newest decided epoch or -1).
+        """
+        self.check()
+        self._check_checkpoint_belongs_here()
+        ownership = self.store.claim(self.link, owner if owner is not None else self.checkpoint.query_id())
+        return ownership, self._recover(ownership, roll_back_undecided=True)
+
+    def _recover(self, ownership: Ownership | None, roll_back_undecided: bool) -> int:
+        """Carries out :func:`lastagent.protocol.recover` over the store and the broker; returns the newest decided epoch."""
         latest = self.store.latest_epoch(self.link)
         decisions = {r.epoch: r for r in self.store.records(self.link)} if latest is not None else {}
         if latest is not None and latest not in decisions:
@@ -126,19 +150,22 @@ class Committer:
             raise ArbitrationError(f"link {self.link!r}: the record of its newest decided epoch {latest} cannot be "
                                    "read; nothing was changed")
         handles = {Branch.of(h): h for r in decisions.values() for h in map(BranchHandle.from_json, r.branches)}
-        open_now = self._open(ownership.generation - 1)
+        generation = 0 if ownership is None else ownership.generation
+        # A newer generation's branches are its run's; at a start every generation is looked at,
+        # but only decided branches are ended.
+        open_now = self._open(generation - 1 if roll_back_undecided else None)
         handles.update((Branch.of(t), t.handle()) for t in open_now)
         actions = protocol.recover(
             self.checkpoint.committed_through(),
             {e: tuple(Branch.of(BranchHandle.from_json(b)) for b in r.branches) for e, r in decisions.items()},
-            [Branch.of(t) for t in open_now], committed=None, link=self.link)
+            [Branch.of(t) for t in open_now], committed=None, link=self.link, roll_back_undecided=roll_back_undecided)
         if actions:
             log.warning("link %s: recovery at start (generation %d): %d branch(es) to commit, %d to roll back",
-                        self.link, ownership.generation, sum(isinstance(a, CommitBranch) for a in actions),
+                        self.link, generation, sum(isinstance(a, CommitBranch) for a in actions),
                         sum(isinstance(a, RollbackBranch) for a in actions))
             faults.point("in_recovery")
             self._carry_out(actions, handles)
-        return ownership, -1 if latest is None else latest
+        return -1 if latest is None else latest
 
     def _check_checkpoint_belongs_here(self) -> None:
         """A checkpoint with committed epochs must find its link already owned in this store.
@@ -251,10 +278,14 @@ class Committer:
             actions = protocol.decide_epoch(epoch, recorded, [Branch.of(h) for h in live], [])
         faults.point("after_arbitration")
         self._carry_out([a for a in actions if not isinstance(a, WriteDecision)], known)
-        # What is still open of this run (or an earlier one) is failed or superseded attempts.
+        # What is still open of this run (or an earlier one) is failed or superseded attempts, or
+        # what earlier runs left (the first epoch after a run's claim).
         open_now = self._open(generation)
         known.update((Branch.of(t), t.handle()) for t in open_now)
-        self._carry_out(protocol.sweep(recorded, [Branch.of(t) for t in open_now]), known)
+        left = [Branch.of(t) for t in open_now if Branch.of(t) not in set(recorded)]
+        decided = {Branch.of(BranchHandle.from_json(b)): r.epoch
+                   for r in self.store.records(self.link) for b in r.branches} if left else None
+        self._carry_out(protocol.sweep(recorded, [Branch.of(t) for t in open_now], decided), known)
         faults.point("after_phase2")
         if epoch % self.options.cleanup_every == 0 and epoch > 0:
             removed = self.store.cleanup(self.link, self.options.retention_epochs)

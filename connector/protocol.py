@@ -299,20 +299,32 @@ def refuse_epoch(epoch: int, prepared: Sequence[Branch], unsafe: Mapping[Branch,
     return [*(RollbackBranch(b) for b in _unique(prepared)), Fail(reason, epoch, first, decided=False)]
 
 
-def sweep(recorded: Sequence[Branch], open_branches: Sequence[Branch]) -> list[Action]:
+def sweep(recorded: Sequence[Branch], open_branches: Sequence[Branch],
+          decided: Mapping[Branch, int] | None = None) -> list[Action]:
     """After an epoch's phase 2: what is still open of this run (or an earlier one) and not in the
-    epoch's record is a failed or superseded task attempt. Pure: no I/O, runs on the driver.
+    epoch's record. Pure: no I/O, runs on the driver.
+
+    A run's first epoch is where what earlier runs left is finished: the start only completes
+    decided branches (:func:`recover` with ``roll_back_undecided=False``), since an earlier run may
+    still be running until this run's claim. An earlier run may also have decided an epoch after
+    this run's start read the store, so an open branch of an earlier decision is committed here.
 
     Args:
         recorded: the branches of the epoch's record (committed by now).
         open_branches: the link's open transactions of this run's generation or earlier ones (a
             newer run's branches are that run's to end, and must not be passed here).
+        decided: branch → epoch, for the branches of every kept decision; needed only when an
+            open branch is not in ``recorded`` (None: read nothing, roll back every other branch).
 
     Returns:
-        RollbackBranch for every open branch the record does not name.
+        CommitBranch for every other open branch an earlier decision names, RollbackBranch for the
+        rest (failed or superseded task attempts, undecided branches of earlier runs).
     """
     kept = set(recorded)
-    return [RollbackBranch(b) for b in _unique(open_branches) if b not in kept]
+    decided = decided or {}
+    others = [b for b in _unique(open_branches) if b not in kept]
+    return [*(CommitBranch(b, decided[b]) for b in others if b in decided),
+            *(RollbackBranch(b) for b in others if b not in decided)]
 
 
 def abort_epoch(epoch: int, recorded: Sequence[Branch] | None, open_branches: Sequence[Branch],
@@ -348,7 +360,7 @@ def skip_task(epoch: int, newest_decided_epoch: int) -> bool:
 
 def recover(spark_committed_through: int, decisions: Mapping[int, Sequence[Branch]],
             open_branches: Sequence[Branch], committed: Collection[Branch] | None = None, *,
-            link: str = "") -> list[Action]:
+            link: str = "", roll_back_undecided: bool = True) -> list[Action]:
     """Recovery at query start (or from ``lastagent recover``). Pure: no I/O, runs on the driver.
 
     Call it before any task of the restarted query runs (a task reuses transactional ids, and
@@ -365,10 +377,15 @@ def recover(spark_committed_through: int, decisions: Mapping[int, Sequence[Branc
             was lost). None when the caller cannot tell: those branches are then committed
             again, and an ``EndTxn`` that does not come back as committed is the hazard.
         link: the link's name, for the reasons of Fail actions.
+        roll_back_undecided: False at a sink's start, which runs before every epoch and cannot tell
+            a new run from the running one: an undecided open branch may belong to an earlier run
+            that still runs (until the new run's first tasks claim the link), so only decided
+            branches are finished, and :func:`sweep` rolls the rest back after the claim.
 
     Returns:
         CommitBranch for every open branch recorded in any decision (oldest epoch first);
-        RollbackBranch for every other open branch (presumed abort); then, for each branch
+        RollbackBranch for every other open branch (presumed abort; unless not
+        ``roll_back_undecided``); then, for each branch
         recorded by a decision newer than ``spark_committed_through`` that is neither open nor
         in ``committed``: Fail naming link, epoch and transactional id (the broker expired or
         fenced a decided branch) — or, when ``committed`` is None, CommitBranch for it.
@@ -381,7 +398,8 @@ def recover(spark_committed_through: int, decisions: Mapping[int, Sequence[Branc
     open_set = set(opened)
     actions: list[Action] = [CommitBranch(b, decided_in[b])
                              for b in sorted((b for b in opened if b in decided_in), key=lambda b: decided_in[b])]
-    actions += [RollbackBranch(b) for b in opened if b not in decided_in]
+    if roll_back_undecided:
+        actions += [RollbackBranch(b) for b in opened if b not in decided_in]
     fails: list[Action] = []
     for epoch in sorted(e for e in decisions if e > spark_committed_through):
         for b in _unique(decisions[epoch]):

@@ -137,11 +137,9 @@ class TargetTableStore:
         except Exception as exc:  # noqa: BLE001 — any read failure means "cannot decide now"
             raise ArbitrationError(f"cannot read Delta table {self.path}: {exc}") from exc
 
-    # -- the decision -----------------------------------------------------------------------
-
     # -- ownership ----------------------------------------------------------------------------
 
-    def claim(self, link: str, owner: str, *, takeover: bool = False) -> Ownership:
+    def claim(self, link: str, owner: str, *, takeover: bool = False, run: str = "") -> Ownership:
         """Claims the link's next generation in the target table's properties.
 
         A table that does not exist yet is created empty first when its schema is known (the
@@ -153,7 +151,7 @@ class TargetTableStore:
             if self.fallback_schema_json is None:
                 return Ownership(owner, 0)
             self._create_empty()
-        return claim_on_delta(self._claimable, f"Delta table {self.path}", link, owner, takeover)
+        return claim_on_delta(self._claimable, f"Delta table {self.path}", link, owner, takeover, run)
 
     def _superseded(self, link: str, generation: int, current: Ownership | None) -> bool:
         """True when ``generation`` may not decide. Generation 0 is a first run that found no table:

@@ -3,9 +3,11 @@
 * ``__init__`` runs on the driver at query start and again for each epoch's commit: it only
   parses the options. The start runs when the writer is pickled to ship it to an epoch's tasks
   (before every epoch; see :mod:`lastagent.sinks.query_run`): it reads the table's schema, checks the query
-  against it, claims the link's next generation, finishes what a crash left (Kafka side-output
-  branches of decided epochs committed, the rest rolled back) and deletes data files no
-  decision references.
+  against it and commits the Kafka side-output branches of decided epochs (nothing an earlier run
+  still running could depend on: it claims nothing and rolls nothing back).
+* A run's first tasks claim the link's next generation for Spark's run id, once per run, in the
+  table's properties; that epoch's commit then rolls back what earlier runs left undecided and
+  deletes the data files no decision references.
 * ``write`` runs on executors, one task attempt at a time: headers filter, transformer, cast to
   the table's schema, parquet files under the table root (not yet visible), side-topic and
   dead-letter records in a Kafka branch flushed and left open (prepared). The commit message
@@ -34,7 +36,8 @@ from lastagent.sinks import dead_letters, transformer
 from lastagent.sinks.delta_commit import StagedEpoch, TargetTableStore, schema_diff, schema_error
 from lastagent.sinks.delta_files import FileWriter, delta_arrow_schema
 from lastagent.sinks.delta_sink_options import DeltaSinkOptions
-from lastagent.sinks.query_run import Started, StartsWhenShipped, generation_of, require_started, require_topics, task_epoch
+from lastagent.sinks.query_run import (Started, StartsWhenShipped, generation_of, require_started, require_topics,
+                                       shipped, task_epoch, task_generation, task_run)
 from lastagent.storage import require_reachable
 
 log = logging.getLogger("lastagent.delta")
@@ -54,6 +57,7 @@ class DeltaMessage(WriterCommitMessage):
     rows: int = 0
     dead_letters: int = 0
     dead_letter_adds: tuple[str, ...] = ()
+    first_of_run: bool = False  # the task's run claimed the link in this epoch
 
 
 def _delta_schema_json(schema: pa.Schema) -> str:
@@ -258,7 +262,7 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
             transformer.load(self.options.transformer)  # fail at start, naming the option
 
     def start(self) -> Started:
-        """Checks the table, claims the link and recovers what earlier runs left. Driver, before each epoch's tasks."""
+        """Checks the table and finishes decided side-output branches (:meth:`Committer.start`). Driver, before each epoch's tasks."""
         from lastagent.committer import Committer
 
         opts = self.options
@@ -290,12 +294,14 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
             if committer.xa is not None:
                 require_topics(committer, {"deadLetterTopic": [t for t in [self.options.dead_letter_topic] if t],
                                            "sideTopics": list(self.options.side_topics)})
-            ownership, decided_through = committer.start()
+            owner = committer.checkpoint.query_id()
+            ownership, decided_through = committer.start(owner)
         if decided_through >= 0:
             # Only the newest decided epoch can miss its dead-letter commit (epochs run one by one).
             store.complete_dead_letters(self.options.link, decided_through)
-        store.sweep(self.options.link, decided_through, ownership.generation)
-        return Started(ownership.generation, decided_through)
+        # Files of undecided epochs are removed only after this run's claim (see commit): until then
+        # an earlier run may still be about to commit its own.
+        return shipped(ownership, decided_through, owner)
 
     def _store(self) -> TargetTableStore:
         return TargetTableStore(self.options.path, self.options.partition_by, self.options.merge_schema,
@@ -312,10 +318,14 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
         assert ctx is not None, "write() runs in a Spark task"
         epoch = task_epoch(ctx)
         partition, attempt = ctx.partitionId(), ctx.attemptNumber()
+        run = task_run(ctx)
+        generation = task_generation(started, run, lambda r: self._store().claim(self.options.link, started.owner,
+                                                                                 run=r))
+        first = run != started.run  # the run's first epoch: the commit removes what earlier runs left
         if protocol.skip_task(epoch, started.decided_through):
             for _ in iterator:  # the epoch's decision stands: write nothing
                 pass
-            return DeltaMessage(epoch, started.generation, partition, attempt, (), None, None)
+            return DeltaMessage(epoch, generation, partition, attempt, (), None, None, first_of_run=first)
         opts = self.options
         faults.point("before_files")
         fn = transformer.load(opts.transformer) if opts.transformer else None
@@ -324,9 +334,9 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
             from deltalake import Schema
 
             target = delta_arrow_schema(pa.schema(Schema.from_json(self.table_schema_json).to_arrow()))
-        files = FileWriter(opts.path, opts.link, started.generation, epoch, partition, attempt, self.partition_by,
+        files = FileWriter(opts.path, opts.link, generation, epoch, partition, attempt, self.partition_by,
                            opts.target_file_bytes, storage=opts.storage)
-        outputs = _Outputs(opts, epoch, started.generation, partition, attempt)
+        outputs = _Outputs(opts, epoch, generation, partition, attempt)
         try:
             for batch in iterator:
                 batch = dead_letters.filter_headers(batch, opts.keep_headers, opts.drop_headers)
@@ -363,10 +373,10 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
             raise
         faults.point("after_files")
         schema_json = _delta_schema_json(files.schema) if files.schema is not None else None
-        return DeltaMessage(epoch, started.generation, partition, attempt, tuple(json.dumps(a) for a in adds),
+        return DeltaMessage(epoch, generation, partition, attempt, tuple(json.dumps(a) for a in adds),
                             schema_json,
                             None if handle is None else handle.to_json(), files.rows, outputs.dead,
-                            tuple(json.dumps(a) for a in table_adds))
+                            tuple(json.dumps(a) for a in table_adds), first_of_run=first)
 
     # -- driver -----------------------------------------------------------------------------
 
@@ -388,9 +398,10 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
                 raise
         faults.point("before_dead_letter_table")
         store.complete_dead_letters(self.options.link, batchId)
-        if any(m.attempt > 0 for m in msgs):
-            # Spark retried a task: the failed attempts' files are orphans. No task runs between
-            # epochs, so the start-of-query sweep is safe here too.
+        if any(m.attempt > 0 or m.first_of_run for m in msgs):
+            # Spark retried a task (the failed attempts' files are orphans), or this is the first
+            # epoch since this run claimed the link: no earlier run can commit files any more, so
+            # what they left of undecided epochs is removed. No task runs between epochs.
             store.sweep(self.options.link, batchId, generation)
         rows, dead = sum(m.rows for m in msgs), sum(m.dead_letters for m in msgs)
         log.info("link %s epoch %d: committed %d rows in %d files to %s; %d dead letters", self.options.link,

@@ -5,10 +5,11 @@
   it cannot know which of the two it is, so it changes nothing.
 * The start is told apart positively: pyspark pickles the writer only to ship it to the tasks,
   which happens before every epoch's tasks (:class:`~lastagent.sinks.query_run.StartsWhenShipped`).
-  Before each pickle, the driver claims the link's next generation and finishes what a crash left:
-  open branches of decided epochs are committed, every other open branch of earlier generations is
-  rolled back. The pickled writer carries the generation, so no task can run without that
-  recovery, and its commit messages prove which run they belong to.
+  Before each pickle, the driver checks the link and commits the open branches of decided epochs
+  (nothing an earlier run still running could depend on). The pickled writer carries what it read.
+* A run's first tasks claim the link's next generation for Spark's run id, once per run
+  (:func:`~lastagent.sinks.query_run.task_generation`); the generation names the run's
+  transactional ids, reused across its epochs, and its commit messages prove which run they belong to.
 * ``write`` runs on executors, one Spark task attempt = one branch: a Kafka transaction
   with a transactional.id named by link, generation, partition and attempt, flushed and left
   open (prepared). Its handle is the commit message.
@@ -21,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
@@ -31,8 +32,13 @@ from lastagent.kafka_xa import BranchHandle, BranchWriter
 from lastagent.sinks.kafka_rows import check_schema, records, simple_columns
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 from lastagent.sinks.query_run import (Started, StartsWhenShipped, generation_of, require_started, require_topics,
-                                       task_epoch)
+                                       shipped, task_epoch, task_generation, task_run)
 from lastagent.storage import require_reachable
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from lastagent.arbitration import Ownership
 
 log = logging.getLogger("lastagent.sink")
 
@@ -67,15 +73,23 @@ class KafkaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
         self.started: Started | None = None
 
     def start(self) -> Started:
-        """Claims the link's next generation and recovers what earlier runs left. Driver, before each epoch's tasks."""
+        """Checks the link and finishes its decided branches (:meth:`Committer.start`). Driver, before each epoch's tasks."""
         from lastagent.committer import Committer
 
         require_reachable(self.options.storage, {"arbitrationTable": self.options.arbitration_table,
                                                  "checkpointLocation": self.options.checkpoint_location})
         with Committer(self.options) as committer:
             require_topics(committer, {"topic": [self.options.topic] if self.options.topic else []})
-            ownership, decided_through = committer.start()
-        return Started(ownership.generation, decided_through)
+            owner = committer.checkpoint.query_id()
+            ownership, decided_through = committer.start(owner)
+        return shipped(ownership, decided_through, owner)
+
+    def _claim(self, owner: str) -> "Callable[[str], Ownership]":
+        """Claims the link for a run in the arbitration table. Executor, a run's first tasks."""
+        from lastagent.arbitration import DeltaArbitrationStore
+
+        return lambda run: DeltaArbitrationStore(self.options.arbitration_table, self.options.storage).claim(
+            self.options.link, owner, run=run)
 
     # -- executor ---------------------------------------------------------------------------
 
@@ -87,13 +101,14 @@ class KafkaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
         assert ctx is not None, "write() runs in a Spark task"
         epoch = task_epoch(ctx)
         partition, attempt = ctx.partitionId(), ctx.attemptNumber()
+        generation = task_generation(started, task_run(ctx), self._claim(started.owner))
         if protocol.skip_task(epoch, started.decided_through):
             # Spark re-runs an epoch whose decision stands (crash after the arbitration commit,
             # before Spark's commit log): its branches exist already; write nothing.
             for _ in iterator:
                 pass
-            return BranchMessage(epoch, started.generation, partition, attempt, None)
-        tid = self.options.transactional_id(started.generation, partition, attempt)
+            return BranchMessage(epoch, generation, partition, attempt, None)
+        tid = self.options.transactional_id(generation, partition, attempt)
         writer = BranchWriter(self.options.client_config, tid, self.options.transaction_timeout_ms)
         try:
             cols, topic = self.columns, self.options.topic
@@ -117,7 +132,7 @@ class KafkaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
                 log.warning("branch %s: local abort after a failed write also failed: %s", tid, exc)
             raise
         faults.point("after_prepare")
-        return BranchMessage(epoch, started.generation, partition, attempt, handle.to_json(), handle.records)
+        return BranchMessage(epoch, generation, partition, attempt, handle.to_json(), handle.records)
 
     # -- driver -----------------------------------------------------------------------------
 

@@ -1,38 +1,56 @@
-"""One run of a link, as the sinks' writers see it: started when shipped, named by its generation.
+"""One run of a link, as the sinks' writers see it: started before each epoch, claimed once per run.
 
 Spark builds a sink's writer through ``streamWriter`` both to ship it to an epoch's tasks and
 before each epoch's commit / abort, and nothing in that call tells the two apart. What does: pyspark
 pickles the writer only to ship it to the tasks. Spark plans every micro-batch's write anew, so that
-happens before each epoch's tasks, not only when the query starts (seen with pyspark 4.2: one claim
-per epoch, ``docs/benchmarks.md``): each epoch runs as a generation of its own. :class:`StartsWhenShipped`
-runs the start (claim the link's next generation, recover) right then, and ships its result
-(:class:`Started`) inside the writer; tasks refuse to write without it, and their commit messages
-carry the generation the driver must decide for.
+happens before each epoch's tasks, not only when the query starts (seen with pyspark 4.2).
+:class:`StartsWhenShipped` runs the start (checks, finish decided branches: nothing an earlier run
+still running could depend on) right then, and ships its result (:class:`Started`) inside the writer.
+
+Which run a task belongs to is known on the executors only: Spark sets the run's id
+(``StreamingQuery.runId``) as the job group of every batch, and tasks read it as a local property.
+A run's first tasks claim the link's next generation for that run id (:func:`task_generation`), once
+per run; every later epoch of the run finds it already holds the link and reads nothing. The
+generation names the run's transactional ids (reused across its epochs) and its tasks' commit
+messages carry it to the driver, which decides only for it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from lastagent.errors import LastAgentError
 
 BATCH_ID_PROPERTY = "streaming.sql.batchId"  # set by Spark's MicroBatchExecution on every task
+RUN_ID_PROPERTY = "spark.jobGroup.id"  # the run id: MicroBatchExecution's job group for every batch
 
 
 @dataclass(frozen=True)
 class Started:
-    """What query start learned, shipped to every task inside the pickled writer.
+    """What the start learned, shipped to every task inside the pickled writer.
 
     Attributes:
-        generation: the run's generation of the link (names its transactional ids).
+        generation: the link's generation at start (0 before any claim).
         decided_through: the link's newest decided epoch at start (-1 for none); a re-run task
             of an epoch at or below it writes nothing.
+        run: the run that held the link at start ("" for none): a task of that run uses
+            ``generation``; a task of any other run claims the link first.
+        owner: the checkpoint's query id, which a claim records.
     """
 
     generation: int
     decided_through: int
+    run: str = ""
+    owner: str = ""
+
+
+def shipped(ownership: Any, decided_through: int, owner: str) -> Started:
+    """What a start ships to the tasks, from the ownership it read (None before any claim). Driver."""
+    if ownership is None:
+        return Started(0, decided_through, "", owner)
+    return Started(ownership.generation, decided_through, ownership.run, owner)
 
 
 class NotStartedError(LastAgentError):
@@ -109,3 +127,40 @@ def require_started(started: Started | None) -> Started:
         raise NotStartedError("this writer reached a task without the query-start claim and recovery of its link; "
                               "lastagent sinks must be started with writeStream...start()")
     return started
+
+
+def task_run(ctx: Any) -> str:
+    """The id of the run a task belongs to (Spark's ``StreamingQuery.runId``). Executor.
+
+    Raises:
+        LastAgentError: Spark did not set it; without it a task cannot tell whether its run holds
+            the link, so it writes nothing.
+    """
+    run = ctx.getLocalProperty(RUN_ID_PROPERTY)
+    if not run:
+        raise LastAgentError(f"the task has no run id (Spark's local property {RUN_ID_PROPERTY!r}, the job group "
+                             "Structured Streaming sets to the query's runId, is not set); lastagent sinks run only as "
+                             "Structured Streaming sinks in micro-batch mode, and a task must not reset its job group")
+    return str(run)
+
+
+def task_generation(started: Started, run: str, claim: Callable[[str], Any]) -> int:
+    """The generation a task writes under: its run's, claimed by the run's first tasks. Executor.
+
+    The claim comes before the task opens any transaction, so a transactional id of this
+    generation is never used by a run the claim did not already fence: every destructive act of
+    a run (a new producer on an id, rolling back what earlier runs left) follows its claim.
+
+    Args:
+        started: what the epoch's start read.
+        run: the task's run id (:func:`task_run`).
+        claim: claims the link for a run id, returning its ownership (the store's ``claim``);
+            a no-op read when the run holds the link already (another task of the run claimed it).
+
+    Raises:
+        StaleOwnerError: the run was superseded by a newer one.
+        LinkOwnedError: another query owns the link.
+    """
+    if run == started.run:
+        return started.generation
+    return int(claim(run).generation)

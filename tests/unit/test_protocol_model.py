@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -38,12 +39,13 @@ from dataclasses import dataclass, field
 import pytest
 
 from lastagent import protocol, xid
-from lastagent.arbitration import ArbitrationRecord, Decision, Ownership, StaleOwnerError
+from lastagent.arbitration import ArbitrationRecord, Decision, Ownership, StaleOwnerError, next_ownership
 from lastagent.committer import Committer, DecidedBranchLostError, EpochNotDecidedError
 from lastagent.kafka_xa import BranchHandle, EndOutcome, EndResult, OpenTransaction
 from lastagent.protocol import (Branch, BranchState, CommitBranch, Fail, InvalidTransition, RollbackBranch, Verb,
                                 WriteDecision)
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
+from lastagent.sinks.query_run import Started, shipped, task_generation
 
 pytestmark = pytest.mark.unit
 
@@ -193,8 +195,12 @@ class World:
         self.steps = 0
         self.segment_steps: list[int] = []
         self.trace: list[str] = []
+        self.turns: Turns | None = None  # two runs at once: whose step is next
 
     def step(self, label: str) -> None:
+        if self.turns is not None:
+            self.turns.take()
+            label = f"{threading.current_thread().name}: {label}"
         if self.segment < len(self.crash_plan) and self.steps == self.crash_plan[self.segment]:
             raise Crash(label)
         self.broker.tick(MS_PER_STEP)
@@ -220,6 +226,7 @@ class Rules:
     abort_epoch: Callable = protocol.abort_epoch
     sweep: Callable = protocol.sweep
     skip_task: Callable = protocol.skip_task
+    task_generation: Callable = task_generation
     committer: type = Committer
 
     @contextlib.contextmanager
@@ -301,11 +308,16 @@ class ModelStore:
     def __init__(self, world: World) -> None:
         self.w = world
 
-    def claim(self, link: str, owner: str, *, takeover: bool = False) -> Ownership:
-        self.w.step("claim")
+    def claim(self, link: str, owner: str, *, takeover: bool = False, run: str = "") -> Ownership:
+        if next_ownership(link, "model", self.w.arb.owner, owner, run, takeover) is not None:
+            self.w.step("claim")  # a metadata commit: atomic with what it read (Delta's conflict check)
         current = self.w.arb.owner
-        self.w.arb.owner = Ownership(owner, (current.generation if current else 0) + 1)
-        return self.w.arb.owner
+        claimed = next_ownership(link, "model", current, owner, run, takeover)
+        if claimed is None:  # the run holds the link already: a read, no step
+            assert current is not None
+            return current
+        self.w.arb.owner = claimed
+        return claimed
 
     def ownership(self, link: str) -> Ownership | None:
         return self.w.arb.owner
@@ -394,11 +406,13 @@ VARIANTS: list[Variant] = [
 VARIANT = {v.name: v for v in VARIANTS}
 
 
-def run_task(w: World, rules: Rules, epoch: int, task: int, attempt: int, started: tuple[int, int],
-             fault: str | None) -> BranchHandle | None:
-    generation, newest = started
-    if rules.skip_task(epoch, newest):
-        return None  # read-only: the decided epoch's records are in its recorded branches
+def run_task(w: World, rules: Rules, epoch: int, task: int, attempt: int, started: Started, run: str,
+             fault: str | None) -> tuple[int, BranchHandle | None]:
+    """One task attempt as the sinks' ``write`` runs it: its run's generation (claimed by the run's
+    first task), then nothing for a decided epoch, else one branch: (generation, handle or None)."""
+    generation = rules.task_generation(started, run, lambda r: ModelStore(w).claim(LINK, started.owner, run=r))
+    if rules.skip_task(epoch, started.decided_through):
+        return generation, None  # read-only: the decided epoch's records are in its recorded branches
     tid = xid.transactional_id(LINK, generation, task, attempt)
     w.step(f"e{epoch} t{task}.{attempt} init")
     b = w.broker.init_producer(tid)
@@ -415,50 +429,74 @@ def run_task(w: World, rules: Rules, epoch: int, task: int, attempt: int, starte
         if fault in SLOW and i == 0:
             w.broker.tick(SLOW[fault])  # a skewed task: the others' prepared branches age meanwhile
     # prepared: flushed inside the open transaction; the handle is the commit message
-    return BranchHandle(b.transactional_id, b.producer_id, b.producer_epoch, RECORDS)
+    return generation, BranchHandle(b.transactional_id, b.producer_id, b.producer_epoch, RECORDS)
 
 
-def run_query(w: World, variant: Variant, run: int, order: tuple[int, ...], rules: Rules) -> str:
-    """One run of the query: the real Committer's start, then epochs until done or aborted."""
+def run_query(w: World, variant: Variant, run: int, order: tuple[int, ...], rules: Rules,
+              run_id: str | None = None) -> str:
+    """One run of the query as Spark drives a sink: the writer's start before each epoch's tasks (the
+    real Committer's, with the model's ports), tasks that claim the link for their run, then the
+    epoch's commit (or abort). Returns "done", "aborted", "not decided" or "superseded"."""
+    run_id = run_id or f"run-{run}"
     committer = rules.committer(OPTIONS, store=ModelStore(w), xa=ModelXA(w, order), checkpoint=ModelCheckpoint(w),
                                 now_ms=lambda: w.broker.now_ms)
     try:
-        ownership, newest = committer.start()
-        started = (ownership.generation, newest)
         ckpt = w.ckpt
         committed_through = max(ckpt.commits, default=-1)
         latest = max(ckpt.offsets, default=-1)
         epoch = latest if latest > committed_through else committed_through + 1
+        resumed = epoch
         while epoch < EPOCHS:
-            if epoch not in ckpt.offsets:
+            if epoch != resumed or epoch not in ckpt.offsets:
+                if epoch in ckpt.offsets:
+                    return "superseded"  # Spark: "Concurrent update to the log. Multiple streaming jobs detected"
                 w.step(f"offsets e{epoch}")
                 ckpt.offsets.add(epoch)
+            ownership, newest = committer.start()
+            started = shipped(ownership, newest, "model-query")
             messages: list[BranchHandle] = []
+            generations: set[int] = set()
             for task in range(TASKS):
                 attempt = 0
                 while True:
                     fault = variant.fault(run, epoch, task, attempt)
                     try:
-                        m = run_task(w, rules, epoch, task, attempt, started, fault)
+                        generation, m = run_task(w, rules, epoch, task, attempt, started, run_id, fault)
+                    except StaleOwnerError:
+                        # the task's claim was refused: a newer run holds the link. Every retry fails
+                        # the same way, so Spark aborts the epoch and the query stops.
+                        committer.abort(epoch, next(iter(generations), None), messages)
+                        return "superseded"
                     except TaskDied:
                         attempt += 1
                         if attempt == MAX_ATTEMPTS:
-                            committer.abort(epoch, ownership.generation, messages)
+                            committer.abort(epoch, next(iter(generations), None), messages)
                             return "aborted"
                         continue
                     if fault == "lost":  # executor lost after the prepare: Spark runs the task again
                         attempt += 1
                         continue
+                    generations.add(generation)
                     if m is not None:
                         messages.append(m)
                     break
-            committer.commit(epoch, ownership.generation, messages)
+            assert len(generations) == 1, generations
+            generation = generations.pop()
+            try:
+                committer.commit(epoch, generation, messages)
+            except (StaleOwnerError, EpochNotDecidedError):
+                committer.abort(epoch, generation, messages)  # Spark aborts an epoch whose commit failed
+                raise
+            if epoch in ckpt.commits:
+                return "superseded"  # Spark: "Concurrent update to the commit log"
             w.step(f"commit log e{epoch}")
             ckpt.commits.add(epoch)
             epoch += 1
         return "done"
     except EpochNotDecidedError:
         return "not decided"  # nothing committed, branches rolled back: the restart replays the epoch
+    except StaleOwnerError:
+        return "superseded"  # a newer run holds the link: this one decides nothing more
     except DecidedBranchLostError as exc:
         raise QueryFailed(str(exc)) from exc
 
@@ -605,7 +643,9 @@ def test_no_crash_run_shape():
     w = out.world
     assert sorted(w.arb.rows) == [0, 1] and all(len(bs) == TASKS for bs in w.arb.rows.values())
     assert w.broker.log and not w.broker.open
-    assert w.trace[:3] == ["claim", "offsets e0", "e0 t0.0 init"]  # the start claims the link first
+    # the run's first task claims the link before it opens a transaction, once for the whole run
+    assert w.trace[:3] == ["offsets e0", "claim", "e0 t0.0 init"]
+    assert w.trace.count("claim") == 1
     assert w.segment_steps[0] >= 30
 
 
@@ -659,20 +699,25 @@ def test_a_slow_task_leaves_its_epoch_undecided_and_the_restart_replays_it(name)
 # -- mutants: the checker must catch broken rules ------------------------------------------------------
 
 #: The real rules, for mutants to wrap (while a mutant is installed, ``protocol.*`` is the mutant).
-_RECOVER, _DECIDE_EPOCH = protocol.recover, protocol.decide_epoch
+_RECOVER, _DECIDE_EPOCH, _SWEEP = protocol.recover, protocol.decide_epoch, protocol.sweep
 
 
-def _recover_rolls_back_decided(sct, decisions, open_branches, committed=None, *, link=""):
+def _recover_rolls_back_decided(sct, decisions, open_branches, committed=None, *, link="", **_):
     return [RollbackBranch(b) for b in open_branches]
 
 
-def _recover_commits_every_open_branch(sct, decisions, open_branches, committed=None, *, link=""):
+def _recover_commits_every_open_branch(sct, decisions, open_branches, committed=None, *, link="", **_):
     return [CommitBranch(b, sct + 1) for b in open_branches]
 
 
-def _recover_ignores_lost_decided(sct, decisions, open_branches, committed=None, *, link=""):
-    return [a for a in _RECOVER(sct, decisions, open_branches, committed, link=link)
+def _recover_ignores_lost_decided(sct, decisions, open_branches, committed=None, *, link="", **kw):
+    return [a for a in _RECOVER(sct, decisions, open_branches, committed, link=link, **kw)
             if not isinstance(a, Fail)]
+
+
+def _recover_rolls_back_at_start(sct, decisions, open_branches, committed=None, *, link="", **_):
+    # a start that rolls back what no decision names, as if no earlier run could still be running
+    return _RECOVER(sct, decisions, open_branches, committed, link=link, roll_back_undecided=True)
 
 
 class _CommitsBeforeDeciding(Committer):
@@ -703,8 +748,13 @@ class _NoMargin(Committer):
             protocol.decision_margin_ms = saved
 
 
-def _sweep_keeps_stale_attempts(recorded, open_branches):
+def _sweep_keeps_stale_attempts(recorded, open_branches, decided=None):
     return []
+
+
+def _sweep_ignores_earlier_decisions(recorded, open_branches, decided=None):
+    # rolls back every other open branch, as if no earlier run could have decided after this run's start
+    return _SWEEP(recorded, open_branches, None)
 
 
 def _decide_ignores_the_record(epoch, recorded, prepared, open_branches):
@@ -744,6 +794,144 @@ def test_a_silent_expired_branch_is_caught():
     # the decided epoch's re-run commit still meets the lost branch, or the final check sees it
     assert any("was not committed" in v or "atomicity" in v or "exactly once" in v for v in out.violations), \
         out.violations
+
+
+# -- two runs at once: a zombie run and the run that supersedes it ----------------------------------------
+
+
+class Turns:
+    """Runs two runs of the query in threads, one step at a time, in the order a plan gives.
+
+    ``plan`` is [(run name, steps)]: that run takes that many steps (None: until it ends), then the
+    next entry's run goes on. Only one run is ever running: a run hands over when it comes to a
+    step beyond its budget, so its reads between two steps happen at once, between the other run's
+    steps; this covers every point at which one run can stop and the other go on.
+    """
+
+    def __init__(self, plan: list[tuple[str, int | None]]) -> None:
+        self.plan = plan
+        self.turn = 0
+        self.used = 0
+        self.finished: set[str] = set()
+        self.cond = threading.Condition()
+
+    def _current(self) -> str | None:
+        while self.turn < len(self.plan) and self.plan[self.turn][0] in self.finished:
+            self.turn, self.used = self.turn + 1, 0
+        return self.plan[self.turn][0] if self.turn < len(self.plan) else None
+
+    def wait(self) -> None:
+        """Blocks the calling run until it is its turn (a run's start)."""
+        me = threading.current_thread().name
+        with self.cond:
+            while self._current() not in (me, None):
+                self.cond.wait(timeout=5)
+
+    def take(self) -> None:
+        """The calling run takes one step, handing over first if its turn's budget is used."""
+        me = threading.current_thread().name
+        with self.cond:
+            while True:
+                current = self._current()
+                if current is None:
+                    return
+                if current == me:
+                    budget = self.plan[self.turn][1]
+                    if budget is None or self.used < budget:
+                        self.used += 1
+                        return
+                    self.turn, self.used = self.turn + 1, 0
+                    self.cond.notify_all()
+                    continue
+                self.cond.wait(timeout=5)
+
+    def finish(self) -> None:
+        with self.cond:
+            self.finished.add(threading.current_thread().name)
+            self.cond.notify_all()
+
+
+def two_runs(old_steps: int, new_steps: int | None, rules: Rules | None = None) -> Outcome:
+    """The old run takes ``old_steps`` steps, a new run of the same query (a restart while the old
+    driver still runs: a zombie driver with zombie tasks) takes ``new_steps``, then the old run goes
+    on to its end, then the new one. Then the user restarts the query until it finishes."""
+    rules = rules or Rules()
+    with rules.installed():
+        w = World()
+        turns = Turns([("old", old_steps), ("new", new_steps), ("old", None), ("new", None)])
+        w.turns = turns
+        results: dict[str, object] = {}
+
+        def body(name: str) -> None:
+            turns.wait()
+            try:
+                results[name] = run_query(w, VARIANTS[0], 0, ORDERS[0], rules, run_id=f"run-{name}")
+            except (QueryFailed, Fenced, AssertionError) as exc:
+                results[name] = exc
+            finally:
+                turns.finish()
+
+        threads = [threading.Thread(target=body, args=(n,), name=n) for n in ("old", "new")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+            assert not t.is_alive(), "a run of the model did not end"
+        w.turns = None
+        violations = [f"{name} run failed: {r}" for name, r in results.items() if isinstance(r, BaseException)]
+        violations += check_safety(w)
+        try:
+            for run in range(1, MAX_RUNS):  # the user restarts the query
+                if run_query(w, VARIANTS[0], run, ORDERS[0], rules) == "done":
+                    break
+        except QueryFailed as failed:
+            violations.append(f"the restarted query failed: {failed}")
+        w.segment_steps.append(w.steps)
+        return Outcome(w, violations + check_final(w))
+
+
+def _two_run_schedules(rules: Rules | None = None) -> tuple[int, list[tuple[tuple[int, int | None], str]]]:
+    clean = simulate(VARIANTS[0], ORDERS[0]).world.segment_steps[0]
+    found, count = [], 0
+    for old_steps in range(clean + 1):
+        for new_steps in [*range(clean + 1), None]:
+            count += 1
+            found += [((old_steps, new_steps), v) for v in two_runs(old_steps, new_steps, rules).violations]
+    return count, found
+
+
+def test_a_zombie_run_and_the_run_that_supersedes_it_keep_the_invariants():
+    """A restart while the earlier run still runs (a driver that lost its cluster but not its
+    process, or a job re-launched by a scheduler): at every step of the old run the new one goes
+    on for every number of steps, then the old run finishes, then the new one. Every record once,
+    nothing committed without its decision, no decided branch lost."""
+    count, found = _two_run_schedules()
+    assert not found, found[:5]
+    assert count > 900
+
+
+def test_a_zombie_run_is_superseded_by_the_new_runs_claim():
+    """The new run claims the link with its first task; the old run's next decision is refused."""
+    out = two_runs(12, None)
+    assert out.violations == []
+    assert "new: claim" in out.world.trace
+    claims = [i for i, label in enumerate(out.world.trace) if label.endswith("claim")]
+    assert len(claims) == 2, out.world.trace  # one per run, not one per epoch
+
+
+def _tasks_without_claim(started, run, claim):
+    # a task that writes under the generation the start read whenever some run holds the link
+    return started.generation if started.run else claim(run).generation
+
+
+@pytest.mark.parametrize("name, rules", [
+    ("a start that rolls back undecided branches", Rules(recover=_recover_rolls_back_at_start)),
+    ("a sweep that ignores earlier runs' decisions", Rules(sweep=_sweep_ignores_earlier_decisions)),
+    ("tasks that do not claim for their run", Rules(task_generation=_tasks_without_claim)),
+])
+def test_zombie_mutants_are_caught(name, rules):
+    count, found = _two_run_schedules(rules)
+    assert found, f"mutant '{name}' survived {count} two-run schedules"
 
 
 # -- the pure rules, directly ---------------------------------------------------------------------------
