@@ -95,7 +95,7 @@ def commit_overhead(branches: int, admin: KafkaAdminClient, arbitration: str = W
     })
     times = []
     with Committer(options) as committer:
-        generation = committer.start(owner="bench")[0].generation
+        generation = committer.claim_and_recover(owner="bench")[0].generation
         for epoch in range(EPOCHS):
             handles = []
             for b in range(branches):

@@ -327,7 +327,9 @@ def claim_on_delta(open_table: Callable[[], Any], where: str, link: str, owner: 
     def claim(table: Any) -> dict[str, str] | None:
         current = delta_ownership(table, link)
         after = next_ownership(link, where, current, owner, run, takeover)
-        claimed[:] = [after or current]  # type: ignore[list-item] — None only when current holds the run
+        stands = after or current  # None only when the run holds the link already
+        assert stands is not None
+        claimed[:] = [stands]
         return None if after is None else ownership_properties(link, after)
 
     changed = alter_properties(open_table, where, f"the owner of link {link!r}", claim)

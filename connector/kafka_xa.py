@@ -756,6 +756,16 @@ class KafkaXAResource:
             ))
         return out
 
+    def transactional_ids(self, transactional_id_prefix: str) -> list[str]:
+        """Every transactional id the broker holds with the prefix, in any state. Driver side.
+
+        The broker keeps an id (and its producer state) until ``transactional.id.expiration.ms``
+        after its last transaction: what a link costs the brokers, for ``lastagent status`` and tests.
+        """
+        listed = self._admin().list_transactions()
+        return sorted({t.transactional_id for rows in listed.values() for t in rows
+                       if t.transactional_id.startswith(transactional_id_prefix)})
+
     def _require_describe(self, prefix: str) -> None:
         """Fails unless the principal may describe the prefix's transactional ids.
 

@@ -60,9 +60,10 @@ def test_start_completes_a_decided_epoch_missing_from_spark_commit_log(options, 
     assert len(read_committed(kafka_bootstrap, topic, 3)) == 3
 
 
-def test_start_rolls_back_undecided_branches_and_leaves_other_links_alone(options, kafka_bootstrap, new_topic,
-                                                                         tmp_path):
-    """At query start no task runs: an open branch no decision covers is a crashed run's (presumed abort)."""
+def test_undecided_branches_are_rolled_back_after_the_runs_claim_and_other_links_left_alone(
+        options, kafka_bootstrap, new_topic, tmp_path):
+    """A sink's start may run while an earlier run still runs, so it leaves an undecided branch open;
+    after the new run's claim its first commit rolls it back (presumed abort)."""
     from dataclasses import replace
 
     topic = new_topic()
@@ -77,7 +78,13 @@ def test_start_rolls_back_undecided_branches_and_leaves_other_links_alone(option
         undecided = _branches(options, topic, 2)
         assert {t.transactional_id for t, d, _ in c.in_doubt() if d == "rollback"} == {
             h.transactional_id for h in undecided}
-        assert c.start(owner="q")[1] == 0
+        ownership, decided = c.start(owner="q")
+        assert decided == 0 and ownership is not None
+        assert {t.transactional_id for t, _, _ in c.in_doubt()} == {h.transactional_id for h in undecided}
+        claimed = c.store.claim(c.link, "q", run="run-2")  # the new run's first task
+        assert claimed.generation == ownership.generation + 1 and claimed.run == "run-2"
+        assert c.store.claim(c.link, "q", run="run-2") == claimed  # its other tasks change nothing
+        c.commit(1, claimed.generation, [])
         assert c.in_doubt() == []
     with Committer(neighbour) as n:
         assert [t.transactional_id for t, _, _ in n.in_doubt()] == [theirs[0].transactional_id]

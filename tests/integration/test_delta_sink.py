@@ -116,7 +116,7 @@ def test_merge_schema_adds_new_columns(spark, source, tmp_path):
     assert out.filter("id = 7").collect()[0].name == "7"
 
 
-def test_orphan_files_of_undecided_epochs_are_removed_at_start(spark, source, tmp_path):
+def test_orphan_files_of_undecided_epochs_are_removed_by_the_next_runs_first_epoch(spark, source, tmp_path):
     table = str(tmp_path / "out")
     link = f"d-{uuid.uuid4().hex[:8]}"
     _write(spark, source, tmp_path, table, link=link).awaitTermination()
