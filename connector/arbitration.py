@@ -59,8 +59,8 @@ class Ownership:
     Attributes:
         owner: the query id of the checkpoint ("" after ``lastagent recover`` fenced the link).
         generation: the current run's generation.
-        run: the current run's id ("" when no run claimed it: a first run before its table
-            existed, or after ``lastagent recover``).
+        run: the current run's id ("" when no run claimed it: a claim by a test, an older
+            version's, or ``lastagent recover``'s).
         retired: the ids of the runs this link had before, newest last (at most :data:`RETIRED_RUNS`).
     """
 
@@ -314,18 +314,21 @@ def accept_lost_on_delta(open_table: Callable[[], Any], where: str, link: str, e
 
 
 def claim_on_delta(open_table: Callable[[], Any], where: str, link: str, owner: str, takeover: bool,
-                   run: str = "") -> Ownership:
+                   run: str = "", base: Callable[[], Ownership | None] | None = None) -> Ownership:
     """Claims the next generation in a Delta table's properties, unless ``run`` holds it already.
 
     A property change is a metadata commit: Delta refuses any commit (a decision, another claim)
     that raced with it, so a decider that read the old generation must re-read and is refused.
     Runs once per run of a query (by its first tasks), not per epoch: a run that holds the link
-    reads the table and changes nothing.
+    reads the table and changes nothing. ``base`` gives the ownership to continue from when the
+    table records none (claims made elsewhere before the table existed).
     """
     claimed: list[Ownership] = []
 
     def claim(table: Any) -> dict[str, str] | None:
         current = delta_ownership(table, link)
+        if current is None and base is not None:
+            current = base()
         after = next_ownership(link, where, current, owner, run, takeover)
         stands = after or current  # None only when the run holds the link already
         assert stands is not None

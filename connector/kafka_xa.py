@@ -131,7 +131,7 @@ class BranchHandle:
     Carries no payload and no secrets: only ids, counts and partitions.
 
     Attributes:
-        transactional_id: the branch's Kafka transactional.id (bounded per link).
+        transactional_id: the branch's Kafka transactional.id (one per task partition and attempt of a run).
         producer_id: the producer id that holds the open transaction.
         producer_epoch: the producer epoch of the open transaction.
         records: how many records the branch wrote; 0 means read-only (nothing to finish).
@@ -247,7 +247,7 @@ class BranchWriter:
 
     Args:
         client_config: librdkafka settings (bootstrap.servers, security, tuning).
-        transactional_id: the branch id from the link's bounded naming scheme.
+        transactional_id: the branch id (:func:`lastagent.xid.transactional_id`).
         timeout_ms: the transaction timeout; the broker expires the branch after it.
         init_timeout_s: how long ``init_transactions`` may take.
 

@@ -121,7 +121,7 @@ def transition(state: BranchState | None, verb: Verb) -> BranchState | None:
 class Branch:
     """Identity of one branch: the Kafka transaction a task attempt left open.
 
-    The transactional id alone is not enough: ids are reused across epochs, so the producer id
+    The transactional id alone is not enough: a run reuses its ids across its epochs, so the producer id
     and producer epoch of the open transaction tell one transaction of the id from the next.
     """
 

@@ -9,8 +9,9 @@ global transaction id (gtrid, at most :data:`MAXGTRIDSIZE` bytes) and the branch
   than 64 bytes;
 * the epoch's global XID (the *gxid*, written in arbitration records) has an empty bqual.
 
-Transactional ids are bounded per link — ``lastagent-<link>-<partition>-<attempt>`` —
-and reused across epochs, never one fresh id per epoch. Every id of a link starts with
+Transactional ids are ``lastagent-<link>-<generation>-<partition>-<attempt>``: one per task
+partition and attempt of a run (the run's generation), reused by every epoch of the run, never
+shared between runs and never one fresh id per epoch. Every id of a link starts with
 :func:`id_prefix`, which is how recovery finds the link's open transactions on the broker.
 """
 
@@ -139,11 +140,11 @@ def id_prefix(link: str) -> str:
 def transactional_id(link: str, generation: int, partition: int, attempt: int) -> str:
     """The branch id of one task attempt: ``lastagent-<link>-<generation>-<partition>-<attempt>``.
 
-    ``generation`` is the link's owner generation, claimed by the writer's start: two generations
-    never share an id, so a producer of one can never fence another's open transaction. pyspark
-    4.2 starts the writer before every epoch (docs/architecture.md), so each epoch is a generation
-    and gets new ids (partitions × attempts of them), not ids reused across epochs as DESIGN.md
-    asks; see "Transactional ids" in docs/architecture.md.
+    ``generation`` is the generation the run claimed (:func:`lastagent.sinks.query_run.task_generation`):
+    every epoch of the run reuses the id (its branches are ended before the next epoch's tasks
+    start, and a new producer on the id fences a zombie attempt of an earlier epoch), while two
+    runs never share one, so a run never fences another run's open transaction. A link holds
+    partitions × attempts ids per run, whatever the number of epochs.
     """
     return f"{id_prefix(link)}{generation}-{partition}-{attempt}"
 
@@ -185,7 +186,7 @@ def check_link(link: str) -> str:
 
 
 class LinkIds:
-    """Mixin for a sink's options that carry ``link``: the link's bounded transactional-id naming."""
+    """Mixin for a sink's options that carry ``link``: the link's transactional-id naming."""
 
     link: str
 

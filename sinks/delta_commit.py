@@ -20,9 +20,10 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from lastagent.arbitration import (ArbitrationError, ArbitrationRecord, Decision, LatestTable, LinkMismatchError,
-                                   Ownership, accept_lost_on_delta, accepted_lost_on_delta, alter_properties,
-                                   claim_on_delta, delta_ownership, owner_keys, stale)
+from lastagent.arbitration import (ArbitrationError, ArbitrationRecord, DeltaArbitrationStore, Decision, LatestTable,
+                                   LinkMismatchError, Ownership, accept_lost_on_delta, accepted_lost_on_delta,
+                                   alter_properties, claim_on_delta, delta_ownership, owner_keys, ownership_properties,
+                                   stale)
 from lastagent.errors import LastAgentError
 from lastagent.sinks import delta_files
 from lastagent.storage import Location, StorageConfig, location
@@ -143,33 +144,56 @@ class TargetTableStore:
         """Claims the link's next generation in the target table's properties.
 
         A table that does not exist yet is created empty first when its schema is known (the
-        query's rows, no transformer). Otherwise the first run's generation is 0 until its first
-        decision creates the table with it (two first runs race on creating the table: one wins,
-        the other's decision is refused).
+        query's rows, no transformer). Otherwise (a transformer's first run: the schema is known
+        only from its first rows) the claim goes to a small Delta table in the checkpoint,
+        ``<checkpointLocation>/lastagent/<link>.owner`` (:meth:`_pre_table`), until the first
+        decision creates the target table and records the ownership there; generations go on
+        from it. Without a checkpoint (tests) such a run has generation 0.
         """
         if self.table() is None:
             if self.fallback_schema_json is None:
-                return Ownership(owner, 0)
+                pre = self._pre_table(link)
+                return Ownership(owner, 0) if pre is None else pre.claim(link, owner, takeover=takeover, run=run)
             self._create_empty()
-        return claim_on_delta(self._claimable, f"Delta table {self.path}", link, owner, takeover, run)
+        pre = self._pre_table(link)
+        return claim_on_delta(self._claimable, f"Delta table {self.path}", link, owner, takeover, run,
+                              base=None if pre is None else (lambda: pre.ownership(link)))
+
+    def _pre_table(self, link: str) -> DeltaArbitrationStore | None:
+        """Where a run claims the link while the target table does not exist and its schema is unknown.
+
+        A Delta table of its own (a metadata commit is a claim that races safely, as in the target
+        table), in the query's checkpoint, which every run of the query shares. Without it two first
+        runs of one query (a restart while the old driver still runs) would both write under
+        generation 0: the same transactional ids, each fencing the other's open transactions.
+        """
+        if self.checkpoint_location is None:
+            return None
+        return DeltaArbitrationStore(f"{self.checkpoint_location.rstrip('/')}/lastagent/{link}.owner", self.storage)
 
     def _superseded(self, link: str, generation: int, current: Ownership | None) -> bool:
-        """True when ``generation`` may not decide. Generation 0 is a first run that found no table:
-        it may decide while the table has no owner of the link, or has itself at generation 0."""
+        """True when ``generation`` may not decide. Generation 0 is a first run that found no table
+        and no checkpoint to claim in (or a table an earlier version created): it may decide while
+        the table has no owner of the link, or has itself at generation 0."""
         if generation != 0:
             return current is None or current.generation != generation
         return current is not None and (current.generation != 0 or current.owner != self._owner())
 
     def _record_first_run(self, link: str) -> None:
-        """Records the first run (generation 0) as the link's owner in the table it just created.
+        """Records the link's ownership in the table the first decision just created.
 
+        The ownership claimed in the checkpoint before the table existed (:meth:`_pre_table`), read
+        now, so a run that claimed meanwhile keeps the link; else the first run, generation 0.
         delta-rs cannot create a table with properties of ours, so this is a commit of its own; a
         racing commit makes it re-read, and an owner already recorded stays.
         """
         owner_key, gen_key = owner_keys(link)
+        pre = self._pre_table(link)
+        claimed = None if pre is None else pre.ownership(link)
+        recorded = (ownership_properties(link, claimed) if claimed is not None
+                    else {owner_key: self._owner(), gen_key: "0"})
         alter_properties(self._claimable, f"Delta table {self.path}", f"the owner of link {link!r}",
-                         lambda table: None if delta_ownership(table, link) is not None
-                         else {owner_key: self._owner(), gen_key: "0"})
+                         lambda table: None if delta_ownership(table, link) is not None else recorded)
 
     def _owner(self) -> str:
         """The query that owns the checkpoint: the owner a new table records for generation 0."""
@@ -199,7 +223,15 @@ class TargetTableStore:
 
     def ownership(self, link: str) -> Ownership | None:
         table = self.table()
-        return None if table is None else delta_ownership(table, link)
+        return self._ownership_in(table, link)
+
+    def _ownership_in(self, table: Any, link: str) -> Ownership | None:
+        """The ownership the table records, else the one claimed before it existed (:meth:`_pre_table`)."""
+        current = None if table is None else delta_ownership(table, link)
+        if current is None:
+            pre = self._pre_table(link)
+            current = None if pre is None else pre.ownership(link)
+        return current
 
     # -- epochs decided before the table exists -------------------------------------------------
     # With a transformer, the table's schema is known only from the first row, so the first
@@ -280,7 +312,7 @@ class TargetTableStore:
         adds = delta_files.add_actions(list(staged.adds))
         for _ in range(10):
             table = self.table()
-            current = None if table is None else delta_ownership(table, record.link)
+            current = self._ownership_in(table, record.link)
             if self._superseded(record.link, generation, current):
                 self.discard(staged)
                 raise stale(record.link, generation, current)

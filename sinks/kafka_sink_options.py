@@ -18,7 +18,7 @@ from lastagent.storage import StorageConfig, location
 
 #: Producer settings the sink owns: a user value would break the protocol or the row schema.
 _RESERVED = {
-    "kafka.transactional.id": "the sink names each branch's transactional.id from 'link' (bounded per link)",
+    "kafka.transactional.id": "the sink names each branch's transactional.id from 'link' (per run, task partition and attempt)",
     "kafka.enable.idempotence": "transactions need the idempotent producer",
     "kafka.key.serializer": "keys are written as bytes; cast the 'key' column to string or binary",
     "kafka.value.serializer": "values are written as bytes; cast the 'value' column to string or binary",

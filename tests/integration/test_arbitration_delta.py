@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from support import race
 
-from lastagent.arbitration import ArbitrationError, ArbitrationRecord, DeltaArbitrationStore, InMemoryArbitrationStore, LinkMismatchError
+from lastagent.arbitration import (ArbitrationError, ArbitrationRecord, DeltaArbitrationStore, InMemoryArbitrationStore,
+                                   LinkMismatchError, StaleOwnerError)
 
 pytestmark = pytest.mark.integration
 
@@ -168,8 +169,8 @@ def test_claim_racing_a_decision_leaves_no_decision_of_the_old_generation(tmp_pa
 
 @pytest.mark.parametrize("place", ["local", "s3"])
 def test_first_runs_racing_to_create_the_target_table_make_one_decision(place, tmp_path, request):
-    """Two first runs (generation 0) of one link, a transformer's table that does not exist yet: each
-    decision would create the table. Exactly one creates it with its epoch; the other follows."""
+    """Two deciders of a first run, a transformer's table that does not exist yet: each decision
+    would create the table. Exactly one creates it with its epoch; the other follows."""
     from pyarrow import fs
 
     from lastagent.sinks.delta_commit import StagedEpoch
@@ -187,9 +188,10 @@ def test_first_runs_racing_to_create_the_target_table_make_one_decision(place, t
         f.write(b'{"id":"query-a"}\n')
     for round_ in range(5):
         stores = {n: _target(f"{base}/{round_}", storage, schema=None, checkpoint_location=checkpoint) for n in "xy"}
+        # Before the table exists, a run's claim goes to the checkpoint; two deciders of that run race.
         for store in stores.values():
-            assert store.claim("orders", "query-a").generation == 0
-        results = race(lambda n, stores=stores: stores[n].decide(_rec(0, n), 0, StagedEpoch((), SCHEMA, ())), ["x", "y"])
+            assert store.claim("orders", "query-a", run="run-1").generation == 1
+        results = race(lambda n, stores=stores: stores[n].decide(_rec(0, n), 1, StagedEpoch((), SCHEMA, ())), ["x", "y"])
         assert sorted(d.won for d in results.values()) == [False, True], results
         winner = next(n for n, d in results.items() if d.won)
         assert results["x"].record.branches == results["y"].record.branches == (winner,)
@@ -199,3 +201,26 @@ def test_first_runs_racing_to_create_the_target_table_make_one_decision(place, t
         history = DeltaTable(table.uri, storage_options=(storage.delta_options(table) if storage else None)).history()
         decided = [c for c in history if c.get("lastagent.epoch") == "0"]
         assert len(decided) == 1, history
+
+
+def test_two_first_runs_before_the_table_exists_do_not_share_a_generation(tmp_path):
+    """A transformer's first run restarted while its old driver still runs, before any table exists:
+    the runs claim in the checkpoint, get generations (and transactional ids) of their own, the old
+    run can decide nothing, and the table the new run creates carries its ownership on."""
+    from lastagent.sinks.delta_commit import StagedEpoch
+
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "metadata").write_text('{"id":"query-a"}\n')
+    store = _target(str(tmp_path), schema=None, checkpoint_location=str(checkpoint))
+    old = store.claim("orders", "query-a", run="run-old")
+    new = store.claim("orders", "query-a", run="run-new")
+    assert (old.generation, new.generation) == (1, 2)
+    assert store.table() is None and store.ownership("orders") == new
+    with pytest.raises(StaleOwnerError):
+        store.decide(_rec(0, "old"), old.generation, StagedEpoch((), SCHEMA, ()))
+    with pytest.raises(StaleOwnerError):
+        store.claim("orders", "query-a", run="run-old")  # the zombie cannot take the link back
+    assert store.decide(_rec(0, "new"), new.generation, StagedEpoch((), SCHEMA, ())).won
+    assert store.table() is not None and store.ownership("orders") == new  # recorded in the new table
+    assert store.claim("orders", "query-a", run="run-3").generation == 3  # generations go on
