@@ -646,6 +646,8 @@ def test_no_crash_run_shape():
     # the run's first task claims the link before it opens a transaction, once for the whole run
     assert w.trace[:3] == ["offsets e0", "claim", "e0 t0.0 init"]
     assert w.trace.count("claim") == 1
+    # the run reuses its ids across its epochs: one per task, not one per task and epoch
+    assert len(w.broker.ended) == EPOCHS * TASKS and len({b.transactional_id for b in w.broker.ended}) == TASKS
     assert w.segment_steps[0] >= 30
 
 
