@@ -89,8 +89,8 @@ def next_ownership(link: str, where: str, current: Ownership | None, owner: str,
         LinkOwnedError: another query owns the link (unless ``takeover``).
         StaleOwnerError: ``run`` was superseded already (a zombie run).
     """
-    if current is not None and current.owner not in ("", owner) and not takeover:
-        raise owned(link, where, current, owner)
+    if not takeover:
+        require_owner(link, where, current, owner)
     if run and current is not None:
         if current.run == run:
             return None
@@ -208,6 +208,16 @@ class ArbitrationStore(Protocol):
     def accept_lost(self, link: str, epoch: int) -> None:
         """Records that the lost branches of decided ``epoch`` are accepted as gone, so the link can go on."""
         ...
+
+
+def require_owner(link: str, where: str, current: Ownership | None, owner: str) -> None:
+    """Refuses a query other than the link's owner (no owner yet, or one fenced by the admin command, admits any).
+
+    Raises:
+        LinkOwnedError: naming the link, the owner and where it is recorded.
+    """
+    if current is not None and current.owner not in ("", owner):
+        raise owned(link, where, current, owner)
 
 
 def stale(link: str, generation: int, current: Ownership | None) -> StaleOwnerError:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from lastagent import faults, protocol, xid
-from lastagent.arbitration import ArbitrationRecord, ArbitrationStore, DeltaArbitrationStore, Ownership
+from lastagent.arbitration import ArbitrationRecord, ArbitrationStore, DeltaArbitrationStore, Ownership, require_owner
 from lastagent.checkpoint import CheckpointReader, SparkCheckpoint
 from lastagent.errors import LastAgentError, OptionError
 from lastagent.kafka_xa import BranchHandle, EndOutcome, EndResult, KafkaXAResource, XAResource
@@ -119,10 +119,7 @@ class Committer:
         if owner is None:
             owner = self.checkpoint.query_id()
         ownership = self.store.ownership(self.link)
-        if ownership is not None and ownership.owner not in ("", owner):
-            from lastagent.arbitration import owned
-
-            raise owned(self.link, getattr(self.store, "path", "the arbitration store"), ownership, owner)
+        require_owner(self.link, getattr(self.store, "path", "the arbitration store"), ownership, owner)
         return ownership, self._recover(ownership, roll_back_undecided=False)
 
     def claim_and_recover(self, owner: str | None = None) -> tuple[Ownership, int]:
@@ -143,6 +140,14 @@ class Committer:
     def _recover(self, ownership: Ownership | None, roll_back_undecided: bool) -> int:
         """Carries out :func:`lastagent.protocol.recover` over the store and the broker; returns the newest decided epoch."""
         latest = self.store.latest_epoch(self.link)
+        generation = 0 if ownership is None else ownership.generation
+        # A newer generation's branches are its run's; at a start every generation is looked at,
+        # but only decided branches are ended.
+        open_now = self._open(generation - 1 if roll_back_undecided else None)
+        if not open_now and (latest is None or latest <= self.checkpoint.committed_through()):
+            # Nothing open, and Spark logged every decided epoch (so its phase 2 finished): the
+            # usual start before an epoch, which then reads no decision.
+            return -1 if latest is None else latest
         decisions = {r.epoch: r for r in self.store.records(self.link)} if latest is not None else {}
         if latest is not None and latest not in decisions:
             from lastagent.arbitration import ArbitrationError
@@ -150,10 +155,6 @@ class Committer:
             raise ArbitrationError(f"link {self.link!r}: the record of its newest decided epoch {latest} cannot be "
                                    "read; nothing was changed")
         handles = {Branch.of(h): h for r in decisions.values() for h in map(BranchHandle.from_json, r.branches)}
-        generation = 0 if ownership is None else ownership.generation
-        # A newer generation's branches are its run's; at a start every generation is looked at,
-        # but only decided branches are ended.
-        open_now = self._open(generation - 1 if roll_back_undecided else None)
         handles.update((Branch.of(t), t.handle()) for t in open_now)
         actions = protocol.recover(
             self.checkpoint.committed_through(),
@@ -282,7 +283,7 @@ class Committer:
         # what earlier runs left (the first epoch after a run's claim).
         open_now = self._open(generation)
         known.update((Branch.of(t), t.handle()) for t in open_now)
-        left = [Branch.of(t) for t in open_now if Branch.of(t) not in set(recorded)]
+        left = {Branch.of(t) for t in open_now} - set(recorded)
         decided = {Branch.of(BranchHandle.from_json(b)): r.epoch
                    for r in self.store.records(self.link) for b in r.branches} if left else None
         self._carry_out(protocol.sweep(recorded, [Branch.of(t) for t in open_now], decided), known)

@@ -760,7 +760,7 @@ class KafkaXAResource:
         """Every transactional id the broker holds with the prefix, in any state. Driver side.
 
         The broker keeps an id (and its producer state) until ``transactional.id.expiration.ms``
-        after its last transaction: what a link costs the brokers, for ``lastagent status`` and tests.
+        after its last transaction: what a link costs the brokers (tests and ``bench/epoch_cost.py`` count them).
         """
         listed = self._admin().list_transactions()
         return sorted({t.transactional_id for rows in listed.values() for t in rows

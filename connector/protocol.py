@@ -363,9 +363,9 @@ def recover(spark_committed_through: int, decisions: Mapping[int, Sequence[Branc
             link: str = "", roll_back_undecided: bool = True) -> list[Action]:
     """Recovery at query start (or from ``lastagent recover``). Pure: no I/O, runs on the driver.
 
-    Call it before any task of the restarted query runs (a task reuses transactional ids, and
-    a new producer on an id fences that id's open transaction). If the arbitration cannot be
-    read, do not call it: change nothing and retry at the next start.
+    A sink's start calls it before every epoch's tasks with ``roll_back_undecided=False``;
+    :meth:`~lastagent.committer.Committer.claim_and_recover` calls it after a claim. If the
+    arbitration cannot be read, do not call it: change nothing and retry at the next start.
 
     Args:
         spark_committed_through: the newest epoch in Spark's commit log (-1 for none); each of
