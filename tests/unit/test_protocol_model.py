@@ -873,7 +873,7 @@ def two_runs(old_steps: int, new_steps: int | None, rules: Rules | None = None) 
             finally:
                 turns.finish()
 
-        threads = [threading.Thread(target=body, args=(n,), name=n) for n in ("old", "new")]
+        threads = [threading.Thread(target=body, args=(n,), name=n, daemon=True) for n in ("old", "new")]
         for t in threads:
             t.start()
         for t in threads:
