@@ -301,6 +301,7 @@ def alter_properties(open_table: Callable[[], Any], where: str, what: str,
         ArbitrationError: the table could not be written, or lost the race 10 times.
     """
     from deltalake.exceptions import CommitFailedError
+    from deltalake.transaction import PostCommitHookProperties
 
     for _ in range(10):
         table = open_table()
@@ -308,7 +309,11 @@ def alter_properties(open_table: Callable[[], Any], where: str, what: str,
         if properties is None:
             return None
         try:
-            table.alter.set_table_properties(properties, raise_if_not_exists=False)
+            # No checkpoint after a property change: delta-rs would write a classic one even into a
+            # v2-checkpoint table; the table's data commits (and Spark's) make the checkpoints.
+            table.alter.set_table_properties(properties, raise_if_not_exists=False,
+                                             post_commithook_properties=PostCommitHookProperties(
+                                                 create_checkpoint=False, cleanup_expired_logs=False))
             return properties
         except CommitFailedError as exc:
             log.info("recording %s in %s raced another commit (%s); re-reading", what, where, exc)
@@ -490,6 +495,10 @@ class DeltaArbitrationStore:
         except Exception as exc:  # noqa: BLE001 — any read failure means "cannot decide now"
             raise ArbitrationError(f"cannot read arbitration table {self.path}: {exc}") from exc
         names = tuple(f.name for f in table.schema().fields)
+        if names == self.SCHEMA_FIELDS:
+            from lastagent.sinks.delta_features import require_plain
+
+            require_plain(table, self.path, "arbitration table", nullable=False)
         if names != self.SCHEMA_FIELDS:
             raise ArbitrationError(
                 f"option 'arbitrationTable': {self.path} is a Delta table of another schema (columns {list(names)}), "

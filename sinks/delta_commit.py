@@ -26,6 +26,7 @@ from lastagent.arbitration import (ArbitrationError, ArbitrationRecord, DeltaArb
                                    stale)
 from lastagent.errors import LastAgentError
 from lastagent.sinks import delta_files
+from lastagent.sinks.delta_features import TableRules, UnsupportedTableFeatureError, require_plain, rules_of
 from lastagent.storage import Location, StorageConfig, location
 
 log = logging.getLogger("lastagent.delta")
@@ -39,6 +40,10 @@ class SchemaMismatchError(LastAgentError):
     """The query's rows do not fit the table's schema; nothing was committed."""
 
 
+class TableChangedError(SchemaMismatchError):
+    """The table's features, constraints or generated columns changed while the epoch ran; nothing was committed."""
+
+
 @dataclass(frozen=True)
 class StagedEpoch:
     """What the epoch's tasks wrote: data files no snapshot references yet.
@@ -49,12 +54,16 @@ class StagedEpoch:
         attempts: (Spark partition, attempt) of every task whose files are in ``adds`` or
             ``dead_letter_adds``.
         dead_letter_adds: add actions of the epoch's files for the dead-letter table.
+        rules: what the tasks did to the rows (:class:`~lastagent.sinks.delta_features.TableRules`,
+            from the table as read at the epoch's start); the commit refuses a table that has
+            changed them since.
     """
 
     adds: tuple[dict[str, Any], ...]
     schema_json: str | None
     attempts: tuple[tuple[int, int], ...]
     dead_letter_adds: tuple[dict[str, Any], ...] = ()
+    rules: TableRules = TableRules()
 
 
 def _strip(node: Any) -> Any:
@@ -287,7 +296,8 @@ class TargetTableStore:
         """
         from deltalake import Schema
         from deltalake.exceptions import CommitFailedError
-        from deltalake.transaction import CommitProperties, Transaction, create_table_with_add_actions
+        from deltalake.transaction import (CommitProperties, PostCommitHookProperties, Transaction,
+                                           create_table_with_add_actions)
 
         staged = staged or StagedEpoch((), None, ())
         if not record.decided_at_ms:
@@ -341,20 +351,56 @@ class TargetTableStore:
                                                   commit_properties=props)
                     self._record_first_run(record.link)
                 else:
+                    rules = self._same_rules(table, staged)
                     schema = self._fit(table, staged)
                     table.create_write_transaction(adds, "append", schema,
                                                    partition_by=table.metadata().partition_columns or None,
-                                                   commit_properties=props)
+                                                   commit_properties=props,
+                                                   post_commithook_properties=PostCommitHookProperties(
+                                                       create_checkpoint=rules.checkpoint))
                 return Decision(record, won=True)
             except CommitFailedError as exc:
                 log.info("Delta commit for %s epoch %d lost a race (%s); re-reading", record.link, record.epoch, exc)
-            except (SchemaMismatchError, ArbitrationError):
+            except (SchemaMismatchError, ArbitrationError, UnsupportedTableFeatureError):
                 raise
             except Exception as exc:  # noqa: BLE001 — delta-rs raises plain errors for "table exists"
                 if table is None and self.table() is not None:
                     continue  # another writer created the table first: decide against it
                 raise ArbitrationError(f"cannot commit to Delta table {self.path}: {exc}") from exc
         raise ArbitrationError(f"Delta commit for {record.link!r} epoch {record.epoch}: too many concurrent commits")
+
+    def rules(self, table: Any) -> TableRules:
+        """What the tasks must do to the target table's rows (:func:`rules_of`). Driver, at each epoch's start."""
+        return rules_of(table, self.path, "target table")
+
+    def check_dead_letter_table(self) -> None:
+        """Refuses an existing dead-letter table lastagent cannot write as is (:func:`require_plain`). Driver."""
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        if self._dead_where is None:
+            return
+        try:
+            table = DeltaTable(self._dead_where.uri, storage_options=self.storage.delta_options(self._dead_where))
+        except TableNotFoundError:
+            return
+        require_plain(table, str(self.dead_letter_table), "dead-letter table")
+
+    def _same_rules(self, table: Any, staged: StagedEpoch) -> TableRules:
+        """The table's rules, which must be the ones the epoch's tasks applied.
+
+        Raises:
+            TableChangedError: a constraint, generated column, NOT NULL column, column mapping or
+                feature changed after the epoch started (an ALTER TABLE meanwhile); the rows were
+                checked against the old ones, so nothing is committed and a restart re-runs the epoch.
+        """
+        rules = self.rules(table)
+        if staged.adds and rules != staged.rules:
+            raise TableChangedError(
+                f"Delta table {self.path} changed while the epoch ran (its constraints, generated or NOT NULL "
+                f"columns, column mapping or features: now {rules}, the tasks applied {staged.rules}); nothing was "
+                "committed. Restart the query: it checks the rows against the table as it is now")
+        return rules
 
     def _fit(self, table: Any, staged: StagedEpoch) -> Any:
         """The schema to commit with; adds the rows' new columns first when merging."""

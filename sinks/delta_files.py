@@ -59,6 +59,40 @@ def delta_arrow_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema(fields)
 
 
+def physical_fields(logical: pa.Schema, schema_json: str) -> dict[str, pa.Field]:
+    """The fields a column-mapped table's files are written with, by logical column name. Executor side.
+
+    Each field (nested struct fields too) takes its physical name
+    (``delta.columnMapping.physicalName``) and its field id (``delta.columnMapping.id``, as
+    parquet's ``field_id``), as Spark's writer does in modes ``name`` and ``id``; readers find
+    columns by them, so a renamed column reads its own values.
+
+    Args:
+        logical: the table's Arrow schema (logical names), as the tasks cast rows to it.
+        schema_json: the table's Delta schema, which holds the mapping.
+    """
+    def field(f: pa.Field, delta: dict[str, Any]) -> pa.Field:
+        meta = delta.get("metadata", {})
+        name = meta.get("delta.columnMapping.physicalName", f.name)
+        ids = {b"PARQUET:field_id": str(meta["delta.columnMapping.id"]).encode()} if "delta.columnMapping.id" in meta else None
+        return pa.field(name, kind(f.type, delta["type"]), f.nullable, metadata=ids)
+
+    def kind(t: pa.DataType, delta: Any) -> pa.DataType:
+        if pa.types.is_struct(t):
+            by_name = {d["name"]: d for d in delta["fields"]}
+            return pa.struct([field(t.field(i), by_name[t.field(i).name]) for i in range(t.num_fields)])
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            value = pa.field(t.value_field.name, kind(t.value_type, delta["elementType"]), t.value_field.nullable)
+            return pa.large_list(value) if pa.types.is_large_list(t) else pa.list_(value)
+        if pa.types.is_map(t):
+            return pa.map_(kind(t.key_type, delta["keyType"]),
+                           pa.field(t.item_field.name, kind(t.item_type, delta["valueType"]), t.item_field.nullable))
+        return t
+
+    by_name = {d["name"]: d for d in json.loads(schema_json)["fields"]}
+    return {f.name: field(f, by_name[f.name]) for f in logical}
+
+
 def partition_value(value: Any) -> str | None:
     """Delta's string form of a partition value (None stays null)."""
     if value is None:
@@ -188,11 +222,14 @@ class FileWriter:
         target_bytes: a file is closed and a new one started after about this many bytes.
         storage: the query's ``storage.*`` settings (object stores).
         option: the option that named ``root``, for errors.
+        physical: a column-mapped table's :func:`physical_fields`: files, statistics and partition
+            values then use physical names and field ids. None for a table without column mapping.
     """
 
     def __init__(self, root: str, link: str, generation: int, epoch: int, partition: int, attempt: int,
                  partition_by: tuple[str, ...] = (), target_bytes: int = 128 << 20,
-                 storage: StorageConfig | None = None, option: str = "path") -> None:
+                 storage: StorageConfig | None = None, option: str = "path",
+                 physical: dict[str, pa.Field] | None = None) -> None:
         self.fs, self.root = open_path(root, option, storage)
         self.naming = (link, generation, epoch, partition, attempt)
         self.partition_by = partition_by
@@ -202,6 +239,18 @@ class FileWriter:
         self._written: list[str] = []
         self.adds: list[dict[str, Any]] = []
         self.rows = 0
+        self.physical = physical
+
+    def _stored(self, name: str) -> str:
+        """The name a top-level column has in files, statistics and partition values."""
+        return name if self.physical is None else self.physical[name].name
+
+    def _renamed(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        if self.physical is None:
+            return batch
+        # A zero-copy view: same buffers, physical names and field ids (nested ones too).
+        fields = [self.physical[name] for name in batch.schema.names]
+        return pa.RecordBatch.from_struct_array(batch.to_struct_array().view(pa.struct(fields)))
 
     def write(self, batch: pa.RecordBatch) -> None:
         """Appends a batch (already in the table's schema) to the files of its partition values."""
@@ -211,7 +260,7 @@ class FileWriter:
             self.schema = batch.schema
         self.rows += batch.num_rows
         if not self.partition_by:
-            self._append((), {}, batch)
+            self._append((), {}, self._renamed(batch))
             return
         table = pa.Table.from_batches([batch])
         keys = table.select(list(self.partition_by)).group_by(list(self.partition_by)).aggregate([]).to_pylist()
@@ -224,9 +273,9 @@ class FileWriter:
                 cond = pc.fill_null(cond, False)
                 mask = cond if mask is None else pc.and_(mask, cond)
             part = table.filter(mask).select(data_cols)
-            values = {c: partition_value(key[c]) for c in self.partition_by}
+            values = {self._stored(c): partition_value(key[c]) for c in self.partition_by}
             for b in part.to_batches():
-                self._append(tuple(values[c] for c in self.partition_by), values, b)
+                self._append(tuple(values.values()), values, self._renamed(b))
 
     def _append(self, key: tuple[str | None, ...], values: dict[str, str | None], batch: pa.RecordBatch) -> None:
         import pyarrow.parquet as pq

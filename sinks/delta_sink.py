@@ -34,7 +34,9 @@ from lastagent.kafka_xa import BranchHandle, BranchWriter, RecordTooLarge, Trans
 from lastagent.reliable import split_refused, strip_refusal_columns
 from lastagent.sinks import dead_letters, transformer
 from lastagent.sinks.delta_commit import StagedEpoch, TargetTableStore, schema_diff, schema_error
-from lastagent.sinks.delta_files import FileWriter, delta_arrow_schema
+from lastagent.sinks.delta_features import TableRules
+from lastagent.sinks.delta_files import FileWriter, delta_arrow_schema, physical_fields
+from lastagent.sinks.table_rows import RowChecker
 from lastagent.sinks.delta_sink_options import DeltaSinkOptions
 from lastagent.sinks.query_run import (Started, StartsWhenShipped, generation_of, require_started, require_topics,
                                        shipped, task_epoch, task_generation, task_run)
@@ -58,6 +60,7 @@ class DeltaMessage(WriterCommitMessage):
     dead_letters: int = 0
     dead_letter_adds: tuple[str, ...] = ()
     first_of_run: bool = False  # the task's run claimed the link in this epoch
+    rules: TableRules = TableRules()  # what the task did to the rows, for the table as read at the epoch's start
 
 
 def _delta_schema_json(schema: pa.Schema) -> str:
@@ -255,6 +258,8 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
         # The refusal columns of lastagent.reliable_groups go to the dead letters, never to the table.
         self.query_schema_json = strip_refusal_columns(schema.json())
         self.table_schema_json: str | None = None
+        # What the tasks do to each row for the table's features (constraints, generated columns, column mapping).
+        self.rules = TableRules()
         # An existing table's partition columns win; the option only shapes a table we create.
         self.partition_by: tuple[str, ...] = self.options.partition_by
         self.started: Started | None = None
@@ -270,8 +275,10 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
                                          "deadLetterTable": opts.dead_letter_table})
         store = self._store()
         table = store.table()
+        store.check_dead_letter_table()
         if table is not None:
             self.table_schema_json = table.schema().to_json()
+            self.rules = self._rules(store, table)
             existing = tuple(table.metadata().partition_columns)
             if self.options.partition_by and tuple(self.options.partition_by) != existing:
                 from lastagent.errors import OptionError
@@ -285,7 +292,8 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
                     raise schema_error(self.options.path, problems)
         if not self.options.transformer:
             columns = [f["name"] for f in json.loads(self.query_schema_json)["fields"]]
-            unknown = [c for c in self.partition_by if c not in columns]
+            generated = {g.column for g in self.rules.generated}
+            unknown = [c for c in self.partition_by if c not in columns and c not in generated]
             if unknown:
                 from lastagent.errors import OptionError
 
@@ -302,6 +310,42 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
         # Files of undecided epochs are removed only after this run's claim (see commit): until then
         # an earlier run may still be about to commit its own.
         return shipped(ownership, decided_through, owner)
+
+    def _rules(self, store: TargetTableStore, table: Any) -> TableRules:
+        """The table's rules for the tasks, or an error at start naming what the sink cannot write. Driver.
+
+        Raises:
+            UnsupportedTableFeatureError: a feature the sink does not write (``delta_features``).
+            UnsupportedExpressionError: a constraint or generation expression outside the subset
+                the executors evaluate as Spark does.
+            OptionError: mergeSchema on a column-mapped table; a NOT NULL column the query lacks.
+        """
+        from deltalake import Schema
+
+        from lastagent.errors import OptionError
+
+        rules = store.rules(table)
+        if rules.constraints or rules.generated:
+            from lastagent.sinks.delta_expressions import check_supported
+
+            arrow = delta_arrow_schema(pa.schema(Schema.from_json(table.schema().to_json()).to_arrow()))
+            for c in rules.constraints:
+                check_supported(c.sql, arrow, f"CHECK constraint '{c.name}' of Delta table {self.options.path}")
+            for g in rules.generated:
+                check_supported(g.sql, arrow, f"generated column '{g.column}' of Delta table {self.options.path}")
+        if rules.column_mapping != "none" and self.options.merge_schema:
+            raise OptionError("mergeSchema", f"Delta table {self.options.path} uses column mapping (mode "
+                                             f"{rules.column_mapping}); new columns would need physical names and ids, "
+                                             "which lastagent does not assign. Add the columns with ALTER TABLE ... ADD "
+                                             "COLUMNS and drop mergeSchema")
+        if not self.options.transformer:
+            given = {f["name"] for f in json.loads(self.query_schema_json)["fields"]}
+            generated = {g.column for g in rules.generated}
+            missing = [c for c in rules.not_null if "." not in c and c not in given and c not in generated]
+            if missing:
+                raise schema_error(self.options.path, [f"column '{c}' is NOT NULL in the table and the query does "
+                                                       "not give it" for c in missing])
+        return rules
 
     def _store(self) -> TargetTableStore:
         return TargetTableStore(self.options.path, self.options.partition_by, self.options.merge_schema,
@@ -334,8 +378,15 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
             from deltalake import Schema
 
             target = delta_arrow_schema(pa.schema(Schema.from_json(self.table_schema_json).to_arrow()))
+        physical = None
+        if self.rules.column_mapping != "none":
+            assert target is not None and self.table_schema_json is not None, "column mapping: the table exists"
+            physical = physical_fields(target, self.table_schema_json)
+        # One checker per set of columns the rows carry (a transformer may vary it): a generated
+        # column the rows lack is computed, one they carry is checked.
+        checkers: dict[tuple[str, ...], RowChecker] = {}
         files = FileWriter(opts.path, opts.link, generation, epoch, partition, attempt, self.partition_by,
-                           opts.target_file_bytes, storage=opts.storage)
+                           opts.target_file_bytes, storage=opts.storage, physical=physical)
         outputs = _Outputs(opts, epoch, generation, partition, attempt)
         try:
             for batch in iterator:
@@ -356,6 +407,13 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
                     for f in failed:
                         outputs.dead_letter(f.row, f.reason, f.error)
                     for good in ok:
+                        if self.rules.rows_checked:
+                            given = tuple(b.schema.names)
+                            if given not in checkers:
+                                checkers[given] = RowChecker(self.rules, target, given)
+                            good, broken = checkers[given].apply(good)
+                            for f in broken:
+                                outputs.dead_letter(f.row, f.reason, f.error)
                         files.write(good)
                         outputs.side(good)
                 faults.point("task_mid_write")
@@ -376,7 +434,7 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
         return DeltaMessage(epoch, generation, partition, attempt, tuple(json.dumps(a) for a in adds),
                             schema_json,
                             None if handle is None else handle.to_json(), files.rows, outputs.dead,
-                            tuple(json.dumps(a) for a in table_adds), first_of_run=first)
+                            tuple(json.dumps(a) for a in table_adds), first_of_run=first, rules=self.rules)
 
     # -- driver -----------------------------------------------------------------------------
 
@@ -422,7 +480,9 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
         schemas = {m.schema_json for m in msgs if m.schema_json is not None}
         staged = StagedEpoch(tuple(json.loads(a) for m in msgs for a in m.adds), next(iter(schemas), None),
                              tuple((m.partition, m.attempt) for m in msgs if m.adds or m.dead_letter_adds),
-                             tuple(json.loads(a) for m in msgs for a in m.dead_letter_adds))
+                             tuple(json.loads(a) for m in msgs for a in m.dead_letter_adds),
+                             # The driver's writer for the commit is a fresh one: the rules come from the tasks.
+                             next((m.rules for m in msgs if m.adds), TableRules()))
         if check and len(schemas) > 1:
             first, *rest = schemas
             problems = [p for other in rest for p in schema_diff(first, other, False)[0]]

@@ -1,0 +1,326 @@
+"""Which Delta table features ``lastagent-delta`` writes as Spark's Delta writer does, and which it refuses.
+
+Pure (no I/O): the driver reads a table's protocol, configuration and schema at query start and
+hands them to :func:`write_rules`, which either returns what the tasks must do to every row
+(:class:`TableRules`) or raises :class:`UnsupportedTableFeatureError` naming the feature and the
+table, before anything is claimed or written.
+
+Delta's protocol says a writer must not write to a table whose writer features it does not
+support. :data:`FEATURES` is the one list: every feature of the current Delta protocol (and the
+preview names Spark and Databricks write), with what the sink does about it. A feature not in
+the list is refused. ``docs/delta.md`` is generated from it (``python -m lastagent.sinks.delta_features``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lastagent.errors import LastAgentError
+
+
+class UnsupportedTableFeatureError(LastAgentError):
+    """The table uses a Delta feature lastagent cannot write as Spark would; nothing was claimed or written.
+
+    Attributes:
+        feature: the feature's protocol name (or the property / column metadata that implies it).
+        table: the table's path.
+    """
+
+    def __init__(self, feature: str, table: str, role: str, why: str) -> None:
+        super().__init__(f"Delta table {table} ({role}) uses the table feature '{feature}', which lastagent-delta "
+                         f"does not write: {why}. Nothing was claimed or written. Write to a table without it "
+                         "(see docs/delta.md for the features lastagent writes)")
+        self.feature = feature
+        self.table = table
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One Delta table feature and what the sink does about it.
+
+    Attributes:
+        name: the protocol's name of the feature.
+        readers: True for reader-and-writer features, False for writer-only ones.
+        written: True when the sink honours it on every append; False when a table with it is refused.
+        how: what the sink does (written) or why it refuses (refused), one sentence for the docs.
+    """
+
+    name: str
+    readers: bool
+    written: bool
+    how: str
+
+
+FEATURES: tuple[Feature, ...] = (
+    Feature("appendOnly", False, True, "the sink only appends files; it never removes or rewrites one"),
+    Feature("invariants", False, True,
+            "Spark lists it on every table; a column that has a legacy invariant (`delta.invariants` metadata) "
+            "is refused"),
+    Feature("checkConstraints", False, True,
+            "every CHECK constraint is evaluated on the executor before a file is staged; a row that breaks one "
+            "goes to the dead letters with the constraint's name (no dead-letter target: the epoch fails); an "
+            "expression outside the supported subset is refused at start"),
+    Feature("generatedColumns", False, True,
+            "generated values are computed on the executor as Spark computes them, or checked with "
+            "`(value <=> expression) IS TRUE` when the query gives the column; an expression outside the "
+            "supported subset is refused at start"),
+    Feature("changeDataFeed", False, True,
+            "appends need no change-data files: readers take inserted rows from the add actions"),
+    Feature("columnMapping", True, True,
+            "modes `name` and `id`: files carry physical names and field ids; statistics and partition values "
+            "are keyed by physical names; mergeSchema is refused on such a table (new columns would need ids)"),
+    Feature("deletionVectors", True, True, "appended files carry no deletion vector; readers need none for them"),
+    Feature("timestampNtz", True, True, "TIMESTAMP_NTZ columns are written as parquet timestamps not adjusted to UTC"),
+    Feature("vacuumProtocolCheck", True, True, "concerns VACUUM only; appends are unaffected"),
+    Feature("v2Checkpoint", True, True,
+            "appends are plain commits; delta-rs's post-commit checkpoint is turned off on such a table (its "
+            "classic checkpoint would not follow the V2 spec), so Spark's own writes and OPTIMIZE make the checkpoints"),
+    Feature("allowColumnDefaults", False, False,
+            "a column's DEFAULT must fill rows that lack it, and delta-rs 1.6.6 refuses to commit to such a table"),
+    Feature("identityColumns", False, False,
+            "identity values and the column's high-water mark would have to be assigned in the commit; delta-rs "
+            "1.6.6 refuses to commit to such a table"),
+    Feature("rowTracking", False, False,
+            "each add action needs a baseRowId and defaultRowCommitVersion and the commit a new row-id high-water "
+            "mark; delta-rs's transaction API cannot carry them"),
+    Feature("clustering", False, False,
+            "liquid clustering keeps its columns in domain metadata, which delta-rs 1.6.6 cannot commit with"),
+    Feature("inCommitTimestamp", False, False,
+            "every commit must carry a monotonic inCommitTimestamp; delta-rs 1.6.6 refuses to commit to such a table"),
+    Feature("domainMetadata", False, False,
+            "delta-rs 1.6.6 refuses to commit to such a table (it comes with clustering and row tracking)"),
+    Feature("icebergCompatV1", False, False,
+            "UniForm requires Iceberg metadata conversion after each commit, which only Spark's writer does"),
+    Feature("icebergCompatV2", False, False,
+            "UniForm requires Iceberg metadata conversion after each commit, which only Spark's writer does"),
+    Feature("icebergWriterCompatV1", False, False, "as icebergCompatV2 (UniForm)"),
+    Feature("typeWidening", True, False,
+            "delta-rs 1.6.6 refuses to commit to such a table; a widened column's type history lives in its metadata"),
+    Feature("typeWidening-preview", True, False, "as typeWidening"),
+    Feature("variantType", True, True,
+            "the feature alone needs nothing of an appender (delta-rs adds it to a reader-version-3 table when it sets "
+            "a property); a table with a VARIANT column is refused, since the sink does not write the Variant encoding"),
+    Feature("variantType-preview", True, True, "as variantType"),
+    Feature("variantShredding-preview", True, False,
+            "shredded Variant columns need the shredding layout, which the sink does not write"),
+    Feature("catalogManaged", True, False,
+            "commits must go through the table's catalog (Unity Catalog), not to the log directly"),
+    Feature("catalogOwned-preview", True, False, "as catalogManaged"),
+    Feature("checkpointProtection", False, False,
+            "delta-rs's log cleanup does not honour the protected checkpoint versions"),
+    Feature("collations-preview", True, False, "string comparisons of collated columns differ from binary ones"),
+)
+
+_BY_NAME = {f.name: f for f in FEATURES}
+
+#: Features a legacy protocol (writer version < 7, reader version < 3) implies, by version.
+_LEGACY_WRITER = ((2, ("appendOnly", "invariants")), (3, ("checkConstraints",)),
+                  (4, ("changeDataFeed", "generatedColumns")), (5, ("columnMapping",)), (6, ("identityColumns",)))
+
+#: Table properties a writer must honour that are no feature of their own.
+_REFUSED_PROPERTIES = {
+    "delta.setTransactionRetentionDuration": (
+        "it lets Delta forget application transaction ids (txn), and the link's txn is how lastagent knows which "
+        "epochs a table holds, so an expired one could write an epoch twice"),
+}
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A CHECK constraint: its name (as in ``ALTER TABLE ... ADD CONSTRAINT``) and its SQL expression."""
+
+    name: str
+    sql: str
+
+
+@dataclass(frozen=True)
+class GeneratedColumn:
+    """A generated column and its generation expression (SQL)."""
+
+    column: str
+    sql: str
+
+
+@dataclass(frozen=True)
+class TableRules:
+    """What each task must do to the rows of one table: worked out on the driver, applied on executors.
+
+    Attributes:
+        column_mapping: ``none``, ``name`` or ``id`` (``delta.columnMapping.mode``).
+        constraints: the table's CHECK constraints.
+        generated: the table's generated columns.
+        not_null: paths of the columns (``a`` or ``a.b`` for a struct's field) declared NOT NULL.
+        checkpoint: whether delta-rs may write a checkpoint after a commit (not on v2Checkpoint tables).
+    """
+
+    column_mapping: str = "none"
+    constraints: tuple[Constraint, ...] = ()
+    generated: tuple[GeneratedColumn, ...] = ()
+    not_null: tuple[str, ...] = ()
+    checkpoint: bool = True
+
+    @property
+    def rows_checked(self) -> bool:
+        """True when rows must pass through constraints, generated columns or NOT NULL checks."""
+        return bool(self.constraints or self.generated or self.not_null)
+
+
+def table_features(min_reader: int, min_writer: int, reader_features: list[str] | None,
+                   writer_features: list[str] | None) -> set[str]:
+    """Every feature the protocol names or implies (legacy versions imply fixed sets)."""
+    named = set(reader_features or ()) | set(writer_features or ())
+    if min_writer < 7:
+        named |= {f for version, names in _LEGACY_WRITER if min_writer >= version for f in names}
+    if min_reader == 2:
+        named.add("columnMapping")
+    return named
+
+
+def _fields(schema: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """(path, field) of every struct field, nested ones included (through arrays and maps)."""
+    for f in schema.get("fields", ()):
+        path = f"{prefix}{f['name']}"
+        yield path, f
+        yield from _nested(f["type"], path + ".")
+
+
+def _nested(t: Any, prefix: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    if not isinstance(t, dict):
+        return
+    if t.get("type") == "struct":
+        yield from _fields(t, prefix)
+    elif t.get("type") == "array":
+        yield from _nested(t["elementType"], prefix)
+    elif t.get("type") == "map":
+        yield from _nested(t["keyType"], prefix)
+        yield from _nested(t["valueType"], prefix)
+
+
+def _types(t: Any) -> Iterator[str]:
+    if isinstance(t, str):
+        yield t
+    elif isinstance(t, dict):
+        for key in ("elementType", "keyType", "valueType"):
+            if key in t:
+                yield from _types(t[key])
+        for f in t.get("fields", ()):
+            yield from _types(f["type"])
+
+
+def _not_null(schema: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
+    """Paths of NOT NULL fields reached through nullable-or-not structs only (arrays and maps: their own flags)."""
+    for f in schema.get("fields", ()):
+        path = f"{prefix}{f['name']}"
+        if not f.get("nullable", True):
+            yield path
+        if isinstance(f["type"], dict) and f["type"].get("type") == "struct":
+            yield from _not_null(f["type"], path + ".")
+
+
+def write_rules(table: str, role: str, min_reader: int, min_writer: int, reader_features: list[str] | None,
+                writer_features: list[str] | None, configuration: Mapping[str, str | None],
+                schema_json: str) -> TableRules:
+    """Checks that the sink can write the table as Spark would and says how. Driver, at query start.
+
+    Args:
+        table: the table's path, for the error.
+        role: what the table is to the link ("target table", "dead-letter table", "arbitration table").
+        min_reader, min_writer, reader_features, writer_features: the table's protocol.
+        configuration: the table's properties.
+        schema_json: the table's schema (Delta JSON).
+
+    Raises:
+        UnsupportedTableFeatureError: the first feature (in :data:`FEATURES` order, unknown ones last)
+            the table has and the sink does not write.
+    """
+    def refuse(feature: str, why: str) -> UnsupportedTableFeatureError:
+        return UnsupportedTableFeatureError(feature, table, role, why)
+
+    config = {k: v for k, v in configuration.items() if v is not None}
+    named = table_features(min_reader, min_writer, reader_features, writer_features)
+    schema = json.loads(schema_json)
+    fields = list(_fields(schema))
+    explicit = min_writer >= 7
+    for feature in FEATURES:
+        if feature.written or feature.name not in named:
+            continue
+        # A legacy protocol (writer 6) implies identity columns without any column using them.
+        if feature.name == "identityColumns" and not explicit and not any(
+                k.startswith("delta.identity.") for _, f in fields for k in f.get("metadata", {})):
+            continue
+        raise refuse(feature.name, feature.how)
+    unknown = sorted(named - set(_BY_NAME))
+    if unknown:
+        raise refuse(unknown[0], "the feature is not in lastagent's list of Delta features, so it cannot know "
+                                 "what a writer must do for it")
+    for key, why in _REFUSED_PROPERTIES.items():
+        if key in config:
+            raise refuse(key, why)
+    for path, f in fields:
+        metadata = f.get("metadata", {})
+        if "delta.invariants" in metadata:
+            raise refuse("invariants", f"column '{path}' has a legacy invariant (delta.invariants), which the sink "
+                                       "does not evaluate")
+        if any(k.startswith("delta.identity.") for k in metadata):
+            raise refuse("identityColumns", f"column '{path}' is an identity column; " + _BY_NAME["identityColumns"].how)
+        if "CURRENT_DEFAULT" in metadata:
+            raise refuse("allowColumnDefaults", f"column '{path}' has a DEFAULT")
+        if "__COLLATIONS" in metadata:
+            raise refuse("collations-preview", f"column '{path}' has a collation")
+    for t in _types({"fields": schema.get("fields", ())}):
+        if t in ("variant", "void"):
+            raise refuse("variantType" if t == "variant" else "void",
+                         f"the table has a {t.upper()} column, which the sink does not write")
+    mode = (config.get("delta.columnMapping.mode") or "none").lower()
+    if mode not in ("none", "name", "id"):
+        raise refuse("columnMapping", f"delta.columnMapping.mode={mode!r} is not a mode of the protocol")
+    constraints = tuple(Constraint(k[len("delta.constraints."):], v) for k, v in sorted(config.items())
+                        if k.startswith("delta.constraints."))
+    generated = tuple(GeneratedColumn(f["name"], f["metadata"]["delta.generationExpression"])
+                      for f in schema.get("fields", ()) if "delta.generationExpression" in f.get("metadata", {}))
+    nested_generated = [p for p, f in fields if "." in p and "delta.generationExpression" in f.get("metadata", {})]
+    if nested_generated:
+        raise refuse("generatedColumns", f"nested field '{nested_generated[0]}' is generated")
+    return TableRules(mode, constraints, generated, tuple(_not_null(schema)), "v2Checkpoint" not in named)
+
+
+def rules_of(table: Any, where: str, role: str) -> TableRules:
+    """What a writer must do to the rows of an open deltalake table, or the feature it cannot write. Driver.
+
+    Raises:
+        UnsupportedTableFeatureError: naming the feature and the table.
+    """
+    protocol = table.protocol()
+    return write_rules(where, role, protocol.min_reader_version, protocol.min_writer_version,
+                       protocol.reader_features, protocol.writer_features, table.metadata().configuration,
+                       table.schema().to_json())
+
+
+def require_plain(table: Any, where: str, role: str, nullable: bool = True) -> None:
+    """Refuses a table lastagent writes with its own fixed rows (dead letters, arbitration records). Driver.
+
+    Such a table may have no constraint, generated column or column mapping, no feature the sink
+    does not write, and (``nullable``) no NOT NULL column, since lastagent's rows leave some columns
+    null. lastagent creates these tables itself; a table made elsewhere must look like one it made.
+    """
+    rules = rules_of(table, where, role)
+    found = ("columnMapping" if rules.column_mapping != "none" else "checkConstraints" if rules.constraints
+             else "generatedColumns" if rules.generated else "NOT NULL" if nullable and rules.not_null else None)
+    if found is not None:
+        raise UnsupportedTableFeatureError(found, where, role, f"the {role} holds lastagent's own rows, written "
+                                                               "as lastagent creates the table; give it a path of its own")
+
+
+def markdown() -> str:
+    """The feature table of ``docs/delta.md``."""
+    lines = ["| feature | readers too | lastagent-delta | what it does |", "|---|---|---|---|"]
+    for f in FEATURES:
+        lines.append(f"| `{f.name}` | {'yes' if f.readers else 'no'} | {'written' if f.written else 'refused'} | {f.how} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown())

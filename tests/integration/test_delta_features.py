@@ -1,0 +1,215 @@
+"""Tables users bring: lastagent-delta against Spark's own Delta writer, on tables made with Spark SQL.
+
+For each Delta feature the sink writes, the same rows go once through Spark's ``delta`` sink and
+once through ``lastagent-delta`` into two tables made by the same DDL, and Spark's reader must see
+identical rows (generated values and renamed columns included). For each feature it refuses, the
+query fails at start naming the feature, and the table is left as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+#: The source's columns; each case selects from them what its table takes.
+ROWS = [(i, i * 10 - 30, f"n{i}", f"p{i % 2}") for i in range(12)]
+
+
+@pytest.fixture
+def source(spark, tmp_path):
+    """A Delta table of 12 rows in 2 commits (2 micro-batches with maxFilesPerTrigger=1)."""
+    path = str(tmp_path / "source")
+    df = spark.createDataFrame(ROWS, "id BIGINT, amount INT, name STRING, part STRING")
+    df.filter("id < 6").coalesce(1).write.format("delta").save(path)
+    df.filter("id >= 6").coalesce(1).write.format("delta").mode("append").save(path)
+    return path
+
+
+def _stream(spark, source, checkpoint, table, select, **options):
+    df = spark.readStream.format("delta").option("maxFilesPerTrigger", "1").load(source).selectExpr(*select)
+    writer = (df.writeStream.format("lastagent-delta").option("link", f"f-{uuid.uuid4().hex[:8]}")
+              .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True))
+    for k, v in options.items():
+        writer = writer.option(k, v)
+    return writer.start(table)
+
+
+def _make(spark, ddl, after, path):
+    spark.sql(ddl.format(t=f"delta.`{path}`"))
+    for statement in after:
+        spark.sql(statement.format(t=f"delta.`{path}`"))
+
+
+def _rows(spark, path):
+    return sorted(tuple(r) for r in spark.read.format("delta").load(path).collect())
+
+
+def _detail(spark, path):
+    d = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").collect()[0].asDict()
+    return {k: d[k] for k in ("partitionColumns", "clusteringColumns", "minReaderVersion", "minWriterVersion")} | {
+        "tableFeatures": sorted(d["tableFeatures"]),
+        "properties": {k: v for k, v in d["properties"].items() if not k.startswith("lastagent.")}}
+
+
+def _after_claim(detail):
+    """What DESCRIBE DETAIL shows after delta-rs 1.6.6 set a table property (the run's claim)."""
+    if detail["minWriterVersion"] < 7:
+        return detail
+    if detail["minReaderVersion"] == 3:
+        return detail | {"tableFeatures": sorted(set(detail["tableFeatures"]) | {"variantType"})}
+    return detail | {"minReaderVersion": 2}
+
+
+# name -> (DDL, statements after it, the query's columns)
+WRITTEN = {
+    "check constraint": ("CREATE TABLE {t} (id BIGINT, amount INT, name STRING) USING delta",
+                         ["ALTER TABLE {t} ADD CONSTRAINT sane CHECK (amount >= -100 AND name IS NOT NULL)"],
+                         ["id", "amount", "name"]),
+    "not null": ("CREATE TABLE {t} (id BIGINT NOT NULL, amount INT, name STRING NOT NULL) USING delta", [],
+                 ["id", "amount", "name"]),
+    "generated column": ("CREATE TABLE {t} (id BIGINT, amount INT, doubled INT GENERATED ALWAYS AS (amount * 2)) "
+                         "USING delta", [], ["id", "amount"]),
+    "generated partition column": ("CREATE TABLE {t} (id BIGINT, amount INT, name STRING, "
+                                   "up STRING GENERATED ALWAYS AS (upper(name))) USING delta PARTITIONED BY (up)", [],
+                                   ["id", "amount", "name"]),
+    "column mapping name, renamed": ("CREATE TABLE {t} (id BIGINT, amount INT, name STRING, part STRING) USING delta "
+                                     "PARTITIONED BY (part) TBLPROPERTIES ('delta.columnMapping.mode'='name')",
+                                     ["ALTER TABLE {t} RENAME COLUMN amount TO amt",
+                                      "ALTER TABLE {t} RENAME COLUMN part TO region"],
+                                     ["id", "amount AS amt", "name", "part AS region"]),
+    "column mapping id, nested rename": ("CREATE TABLE {t} (id BIGINT, s STRUCT<a: INT, b: STRING>) USING delta "
+                                         "TBLPROPERTIES ('delta.columnMapping.mode'='id')",
+                                         ["ALTER TABLE {t} RENAME COLUMN s.a TO x"],
+                                         ["id", "named_struct('x', amount, 'b', name) AS s"]),
+    "deletion vectors": ("CREATE TABLE {t} (id BIGINT, amount INT) USING delta "
+                         "TBLPROPERTIES ('delta.enableDeletionVectors'='true')", [], ["id", "amount"]),
+    "append only and change data feed": ("CREATE TABLE {t} (id BIGINT, amount INT) USING delta TBLPROPERTIES "
+                                         "('delta.appendOnly'='true', 'delta.enableChangeDataFeed'='true')", [],
+                                         ["id", "amount"]),
+    "v2 checkpoints": ("CREATE TABLE {t} (id BIGINT, amount INT) USING delta "
+                       "TBLPROPERTIES ('delta.checkpointPolicy'='v2', 'delta.checkpointInterval'='1')", [],
+                       ["id", "amount"]),
+}
+
+
+@pytest.mark.parametrize("case", list(WRITTEN))
+def test_rows_read_back_as_spark_wrote_them(spark, source, tmp_path, case):
+    ddl, after, select = WRITTEN[case]
+    theirs, ours = str(tmp_path / "spark"), str(tmp_path / "ours")
+    for path in (theirs, ours):
+        _make(spark, ddl, after, path)
+    before = _detail(spark, ours)
+    spark.read.format("delta").load(source).selectExpr(*select).write.format("delta").mode("append").save(theirs)
+    _stream(spark, source, tmp_path / "ckpt", ours, select).awaitTermination()
+    assert _rows(spark, ours) == _rows(spark, theirs) and len(_rows(spark, ours)) == len(ROWS)
+    # The run's claim changed nothing of the table but lastagent's own properties, except what
+    # delta-rs 1.6.6's property commit does to a table-features protocol (docs/delta.md): reader
+    # version 1 becomes 2, and a reader-version-3 table gains the variantType feature.
+    assert _detail(spark, ours) == _after_claim(before)
+    if case == "v2 checkpoints":  # delta-rs wrote no classic checkpoint into a v2-checkpoint table
+        from pathlib import Path
+
+        assert not list(Path(ours, "_delta_log").glob("*.checkpoint.parquet"))
+    # Spark's own writer still appends to the table after ours.
+    spark.read.format("delta").load(source).selectExpr(*select).limit(1).write.format("delta").mode("append").save(ours)
+    assert len(_rows(spark, ours)) == len(ROWS) + 1
+
+
+def test_rows_breaking_a_rule_go_to_the_dead_letters_with_its_name(spark, source, tmp_path):
+    ddl = ("CREATE TABLE {t} (id BIGINT, amount INT NOT NULL, name STRING, doubled INT GENERATED ALWAYS AS "
+           "(amount * 2)) USING delta TBLPROPERTIES ('delta.columnMapping.mode'='name')")
+    after = ["ALTER TABLE {t} ADD CONSTRAINT positive CHECK (amount > 0)", "ALTER TABLE {t} RENAME COLUMN name TO nm"]
+    # Rows 0-3 have amount <= 0 (CHECK); row 5's amount is null (NOT NULL).
+    select = ["id", "IF(id = 5, NULL, amount) AS amount", "name AS nm"]
+    theirs, ours, dead = str(tmp_path / "spark"), str(tmp_path / "ours"), str(tmp_path / "dead")
+    for path in (theirs, ours):
+        _make(spark, ddl, after, path)
+    good = spark.read.format("delta").load(source).selectExpr(*select).filter("amount > 0")
+    good.write.format("delta").mode("append").save(theirs)
+    _stream(spark, source, tmp_path / "ckpt", ours, select, deadLetterTable=dead).awaitTermination()
+    assert _rows(spark, ours) == _rows(spark, theirs) and len(_rows(spark, ours)) == 7
+    letters = spark.read.format("delta").load(dead).select("reason", "value").collect()
+    by_id = {json.loads(r.value)["id"]: r.reason for r in letters}
+    assert by_id == {0: "check-constraint:positive", 1: "check-constraint:positive", 2: "check-constraint:positive",
+                     3: "check-constraint:positive", 5: "not-null:amount"}
+
+
+def test_without_a_dead_letter_target_the_epoch_fails_naming_the_constraint(spark, source, tmp_path):
+    ours = str(tmp_path / "ours")
+    _make(spark, "CREATE TABLE {t} (id BIGINT, amount INT) USING delta",
+          ["ALTER TABLE {t} ADD CONSTRAINT positive CHECK (amount > 0)"], ours)
+    q = _stream(spark, source, tmp_path / "ckpt", ours, ["id", "amount"])
+    with pytest.raises(Exception, match=r"check-constraint:positive"):
+        q.awaitTermination()
+    assert spark.read.format("delta").load(ours).count() == 0
+
+
+# name -> (DDL, statements after it, the feature named in the error)
+REFUSED = {
+    "identity column": ("CREATE TABLE {t} (id BIGINT GENERATED ALWAYS AS IDENTITY, amount INT) USING delta", [],
+                        "identityColumns"),
+    "liquid clustering": ("CREATE TABLE {t} (id BIGINT, amount INT) USING delta CLUSTER BY (id)", [], "clustering"),
+    "row tracking": ("CREATE TABLE {t} (id BIGINT, amount INT) USING delta "
+                     "TBLPROPERTIES ('delta.enableRowTracking'='true')", [], "rowTracking"),
+    "in-commit timestamps": ("CREATE TABLE {t} (id BIGINT, amount INT) USING delta "
+                             "TBLPROPERTIES ('delta.enableInCommitTimestamps'='true')", [], "inCommitTimestamp"),
+    "column defaults": ("CREATE TABLE {t} (id BIGINT, amount INT DEFAULT 7) USING delta "
+                        "TBLPROPERTIES ('delta.feature.allowColumnDefaults'='supported')", [], "allowColumnDefaults"),
+    "type widening": ("CREATE TABLE {t} (id BIGINT, amount INT) USING delta "
+                      "TBLPROPERTIES ('delta.enableTypeWidening'='true')", [], "typeWidening"),
+    "uniform": ("CREATE TABLE {t} (id BIGINT, amount INT) USING delta TBLPROPERTIES "
+                "('delta.enableIcebergCompatV2'='true', 'delta.columnMapping.mode'='name')", [], "icebergCompatV2"),
+    "transaction retention": ("CREATE TABLE {t} (id BIGINT, amount INT) USING delta TBLPROPERTIES "
+                              "('delta.setTransactionRetentionDuration'='interval 1 days')", [],
+                              "delta.setTransactionRetentionDuration"),
+}
+
+
+def test_a_feature_the_sink_does_not_write_fails_the_query_at_start(spark, source, tmp_path):
+    from deltalake import DeltaTable
+
+    ddl, after, feature = REFUSED["identity column"]
+    ours = str(tmp_path / "ours")
+    _make(spark, ddl, after, ours)
+    q = _stream(spark, source, tmp_path / "ckpt", ours, ["id", "amount"])
+    with pytest.raises(Exception, match=rf"Delta table {ours} \(target table\) uses the table feature '{feature}'"):
+        q.awaitTermination()
+    assert DeltaTable(ours).version() == 0  # nothing claimed, nothing written
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_each_feature_the_sink_does_not_write_is_refused_at_start_by_name(spark, tmp_path, case):
+    """The start every query runs before its tasks (as in the query above), on each refused table."""
+    from deltalake import DeltaTable
+
+    from lastagent.sinks.delta_sink import DeltaStreamWriter
+
+    ddl, after, feature = REFUSED[case]
+    ours = str(tmp_path / "ours")
+    _make(spark, ddl, after, ours)
+    version = DeltaTable(ours).version()
+    writer = DeltaStreamWriter({"path": ours, "link": "refused", "checkpointLocation": str(tmp_path / "ckpt")},
+                               spark.read.format("delta").load(ours).select("id", "amount").schema)
+    with pytest.raises(Exception) as err:
+        writer.start()
+    first = str(err.value).splitlines()[0]
+    assert first.startswith(f"Delta table {ours} (target table) uses the table feature '{feature}', which "
+                            "lastagent-delta does not write: "), first
+    assert DeltaTable(ours).version() == version  # nothing claimed, nothing written
+
+
+def test_a_dead_letter_table_with_a_constraint_is_refused_at_start(spark, source, tmp_path):
+    from deltalake import DeltaTable
+
+    ours, dead = str(tmp_path / "ours"), str(tmp_path / "dead")
+    _make(spark, "CREATE TABLE {t} (id BIGINT, amount INT) USING delta", [], ours)
+    _make(spark, "CREATE TABLE {t} (reason STRING) USING delta",
+          ["ALTER TABLE {t} ADD CONSTRAINT r CHECK (reason IS NOT NULL)"], dead)
+    q = _stream(spark, source, tmp_path / "ckpt", ours, ["id", "amount"], deadLetterTable=dead)
+    with pytest.raises(Exception, match=r"\(dead-letter table\) uses the table feature 'checkConstraints'"):
+        q.awaitTermination()
+    assert DeltaTable(ours).version() == 0
