@@ -247,9 +247,9 @@ def write_rules(table: str, role: str, min_reader: int, min_writer: int, reader_
     for feature in FEATURES:
         if feature.written or feature.name not in named:
             continue
-        # A legacy protocol (writer 6) implies identity columns without any column using them.
-        if feature.name == "identityColumns" and not explicit and not any(
-                k.startswith("delta.identity.") for _, f in fields for k in f.get("metadata", {})):
+        # A legacy protocol (writer 6) implies identity columns without any column using them; a
+        # column that is one is refused below, by name.
+        if feature.name == "identityColumns" and not explicit:
             continue
         raise refuse(feature.name, feature.how)
     unknown = sorted(named - set(_BY_NAME))

@@ -328,11 +328,14 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
         if rules.constraints or rules.generated:
             from lastagent.sinks.delta_expressions import check_supported
 
+            # The driver's start cannot see Spark's session time zone; it checks as for UTC, and a task in
+            # another zone refuses an expression that depends on it before writing a row.
             arrow = delta_arrow_schema(pa.schema(Schema.from_json(table.schema().to_json()).to_arrow()))
             for c in rules.constraints:
                 check_supported(c.sql, arrow, f"CHECK constraint '{c.name}' of Delta table {self.options.path}")
             for g in rules.generated:
-                check_supported(g.sql, arrow, f"generated column '{g.column}' of Delta table {self.options.path}")
+                check_supported(g.sql, arrow, f"generated column '{g.column}' of Delta table {self.options.path}",
+                                column=g.column)
         if rules.column_mapping != "none" and self.options.merge_schema:
             raise OptionError("mergeSchema", f"Delta table {self.options.path} uses column mapping (mode "
                                              f"{rules.column_mapping}); new columns would need physical names and ids, "
@@ -385,6 +388,9 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
         # One checker per set of columns the rows carry (a transformer may vary it): a generated
         # column the rows lack is computed, one they carry is checked.
         checkers: dict[tuple[str, ...], RowChecker] = {}
+        # Spark passes its SQL settings to a query's tasks; expressions that depend on the time zone
+        # are evaluated only when it is UTC (an unknown zone refuses them).
+        time_zone = ctx.getLocalProperty("spark.sql.session.timeZone") or "unknown"
         files = FileWriter(opts.path, opts.link, generation, epoch, partition, attempt, self.partition_by,
                            opts.target_file_bytes, storage=opts.storage, physical=physical)
         outputs = _Outputs(opts, epoch, generation, partition, attempt)
@@ -410,7 +416,7 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
                         if self.rules.rows_checked:
                             given = tuple(b.schema.names)
                             if given not in checkers:
-                                checkers[given] = RowChecker(self.rules, target, given)
+                                checkers[given] = RowChecker(self.rules, target, given, time_zone)
                             good, broken = checkers[given].apply(good)
                             for f in broken:
                                 outputs.dead_letter(f.row, f.reason, f.error)

@@ -48,16 +48,18 @@ class RowChecker:
         rules: the table's rules, worked out on the driver at the epoch's start.
         schema: the table's Arrow schema (logical names): the batches' schema.
         provided: the columns the query's rows carry (a generated column they lack is computed).
+        time_zone: Spark's session time zone, as the task sees it (``spark.sql.session.timeZone``).
     """
 
-    def __init__(self, rules: TableRules, schema: pa.Schema, provided: Collection[str]) -> None:
+    def __init__(self, rules: TableRules, schema: pa.Schema, provided: Collection[str], time_zone: str) -> None:
         self.rules = rules
         self.expressions = None
         if rules.constraints or rules.generated:
             from lastagent.sinks.delta_expressions import Check, Generated, RowRules
 
             self.expressions = RowRules([Check(c.name, c.sql) for c in rules.constraints],
-                                        [Generated(g.column, g.sql) for g in rules.generated], schema, provided)
+                                        [Generated(g.column, g.sql) for g in rules.generated], schema, provided,
+                                        time_zone=time_zone)
 
     def apply(self, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, list[Failure]]:
         """The batch's rows that keep every rule (generated columns filled) and the ones that break one.
@@ -67,21 +69,24 @@ class RowChecker:
         """
         failed: dict[int, RuleViolation] = {}
         checked = batch
+        broken: list[tuple[int, str]] = []
         if self.expressions is not None:
-            generated = {g.column for g in self.rules.generated}
-            computed, broken = self.expressions.apply(batch)
-            # NOT NULL applies to generated values, so it runs on the computed batch.
-            checked = computed
-            for index, reason in broken:
-                kind = next((f"generated-column:{c}" for c in generated if f"generated column {c}" in reason),
-                            None)
-                failed.setdefault(index, RuleViolation(kind or _check_name(reason, self.rules), reason))
+            # Generated values first: NOT NULL and the CHECKs apply to them.
+            checked, broken = self.expressions.apply(batch)
+        # Spark's order for a row that breaks several rules: a generated value that cannot be
+        # computed, then NOT NULL, then the CHECK constraints; the dead letter names the first.
+        reasons = [(index, _reason(text, self.rules), text) for index, text in broken]
+        for index, reason, text in reasons:
+            if reason.startswith("generated-column:"):
+                failed.setdefault(index, RuleViolation(reason, text))
         for path in self.rules.not_null:
             names = path.split(".")
             nulls = _null_rows(checked.column(names[0]), names[1:])
             for index in pc.indices_nonzero(pc.fill_null(nulls, False)).to_pylist():
                 failed.setdefault(index, RuleViolation(
                     f"not-null:{path}", f"NOT NULL constraint violated: column '{path}' is null"))
+        for index, reason, text in reasons:
+            failed.setdefault(index, RuleViolation(reason, text))
         if not failed:
             return checked, []
         keep = pa.array([i not in failed for i in range(batch.num_rows)])
@@ -89,9 +94,12 @@ class RowChecker:
         return checked.filter(keep), failures
 
 
-def _check_name(reason: str, rules: TableRules) -> str:
-    """The dead-letter reason of a CHECK failure: the constraint named in the evaluator's text."""
+def _reason(text: str, rules: TableRules) -> str:
+    """The dead-letter reason of a failure the evaluator describes: the rule its text starts with."""
+    for g in rules.generated:
+        if text.startswith(f"generated column {g.column}"):
+            return f"generated-column:{g.column}"
     for c in rules.constraints:
-        if f"constraint {c.name} " in reason or f"constraint '{c.name}'" in reason:
+        if text.startswith(f"CHECK constraint {c.name}"):
             return f"check-constraint:{c.name}"
-    return "check-constraint"
+    raise AssertionError(f"a rule failure that names no rule of the table: {text}")

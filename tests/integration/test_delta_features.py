@@ -66,33 +66,27 @@ def _after_claim(detail):
 
 # name -> (DDL, statements after it, the query's columns)
 WRITTEN = {
-    "check constraint": ("CREATE TABLE {t} (id BIGINT, amount INT, name STRING) USING delta",
-                         ["ALTER TABLE {t} ADD CONSTRAINT sane CHECK (amount >= -100 AND name IS NOT NULL)"],
-                         ["id", "amount", "name"]),
-    "not null": ("CREATE TABLE {t} (id BIGINT NOT NULL, amount INT, name STRING NOT NULL) USING delta", [],
-                 ["id", "amount", "name"]),
-    "generated column": ("CREATE TABLE {t} (id BIGINT, amount INT, doubled INT GENERATED ALWAYS AS (amount * 2)) "
-                         "USING delta", [], ["id", "amount"]),
-    "generated partition column": ("CREATE TABLE {t} (id BIGINT, amount INT, name STRING, "
-                                   "up STRING GENERATED ALWAYS AS (upper(name))) USING delta PARTITIONED BY (up)", [],
-                                   ["id", "amount", "name"]),
-    "column mapping name, renamed": ("CREATE TABLE {t} (id BIGINT, amount INT, name STRING, part STRING) USING delta "
-                                     "PARTITIONED BY (part) TBLPROPERTIES ('delta.columnMapping.mode'='name')",
-                                     ["ALTER TABLE {t} RENAME COLUMN amount TO amt",
-                                      "ALTER TABLE {t} RENAME COLUMN part TO region"],
-                                     ["id", "amount AS amt", "name", "part AS region"]),
+    "check constraint and not null": ("CREATE TABLE {t} (id BIGINT NOT NULL, amount INT, name STRING NOT NULL) "
+                                      "USING delta",
+                                      ["ALTER TABLE {t} ADD CONSTRAINT sane CHECK (amount >= -100 AND name IS NOT NULL)"],
+                                      ["id", "amount", "name"]),
+    "generated columns, one a partition": ("CREATE TABLE {t} (id BIGINT, amount INT, name STRING, "
+                                           "doubled INT GENERATED ALWAYS AS (amount * 2), "
+                                           "up STRING GENERATED ALWAYS AS (upper(name))) USING delta PARTITIONED BY (up)",
+                                           [], ["id", "amount", "name"]),
+    "column mapping name, renamed, append only, change data feed": (
+        "CREATE TABLE {t} (id BIGINT, amount INT, name STRING, part STRING) USING delta PARTITIONED BY (part) "
+        "TBLPROPERTIES ('delta.columnMapping.mode'='name', 'delta.appendOnly'='true', "
+        "'delta.enableChangeDataFeed'='true')",
+        ["ALTER TABLE {t} RENAME COLUMN amount TO amt", "ALTER TABLE {t} RENAME COLUMN part TO region"],
+        ["id", "amount AS amt", "name", "part AS region"]),
     "column mapping id, nested rename": ("CREATE TABLE {t} (id BIGINT, s STRUCT<a: INT, b: STRING>) USING delta "
                                          "TBLPROPERTIES ('delta.columnMapping.mode'='id')",
                                          ["ALTER TABLE {t} RENAME COLUMN s.a TO x"],
                                          ["id", "named_struct('x', amount, 'b', name) AS s"]),
-    "deletion vectors": ("CREATE TABLE {t} (id BIGINT, amount INT) USING delta "
-                         "TBLPROPERTIES ('delta.enableDeletionVectors'='true')", [], ["id", "amount"]),
-    "append only and change data feed": ("CREATE TABLE {t} (id BIGINT, amount INT) USING delta TBLPROPERTIES "
-                                         "('delta.appendOnly'='true', 'delta.enableChangeDataFeed'='true')", [],
-                                         ["id", "amount"]),
-    "v2 checkpoints": ("CREATE TABLE {t} (id BIGINT, amount INT) USING delta "
-                       "TBLPROPERTIES ('delta.checkpointPolicy'='v2', 'delta.checkpointInterval'='1')", [],
-                       ["id", "amount"]),
+    "deletion vectors and v2 checkpoints": ("CREATE TABLE {t} (id BIGINT, amount INT) USING delta TBLPROPERTIES "
+                                            "('delta.enableDeletionVectors'='true', 'delta.checkpointPolicy'='v2', "
+                                            "'delta.checkpointInterval'='1')", [], ["id", "amount"]),
 }
 
 
@@ -110,7 +104,7 @@ def test_rows_read_back_as_spark_wrote_them(spark, source, tmp_path, case):
     # delta-rs 1.6.6's property commit does to a table-features protocol (docs/delta.md): reader
     # version 1 becomes 2, and a reader-version-3 table gains the variantType feature.
     assert _detail(spark, ours) == _after_claim(before)
-    if case == "v2 checkpoints":  # delta-rs wrote no classic checkpoint into a v2-checkpoint table
+    if "v2 checkpoints" in case:  # delta-rs wrote no classic checkpoint into a v2-checkpoint table
         from pathlib import Path
 
         assert not list(Path(ours, "_delta_log").glob("*.checkpoint.parquet"))

@@ -1,0 +1,130 @@
+"""The Delta feature table and the rules it gives a table: pure, no Spark, no I/O (FileWriter aside, on tmp)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from lastagent.sinks.delta_features import (FEATURES, Constraint, GeneratedColumn, TableRules,
+                                            UnsupportedTableFeatureError, markdown, table_features, write_rules)
+from lastagent.sinks.delta_files import FileWriter, physical_fields
+from lastagent.sinks.table_rows import RowChecker
+
+pytestmark = pytest.mark.unit
+
+
+def _field(name: str, kind: object = "integer", nullable: bool = True, **metadata: object) -> dict:
+    return {"name": name, "type": kind, "nullable": nullable, "metadata": metadata}
+
+
+def _schema(*fields: dict) -> str:
+    return json.dumps({"type": "struct", "fields": list(fields)})
+
+
+def _rules(reader: int = 1, writer: int = 2, rf: list[str] | None = None, wf: list[str] | None = None,
+           config: dict | None = None, schema: str | None = None) -> TableRules:
+    return write_rules("/t", "target table", reader, writer, rf, wf, config or {}, schema or _schema(_field("id")))
+
+
+def test_a_plain_table_needs_nothing():
+    assert _rules() == TableRules()
+
+
+def test_legacy_versions_imply_their_features():
+    assert table_features(1, 2, None, None) == {"appendOnly", "invariants"}
+    assert table_features(2, 5, None, None) == {"appendOnly", "invariants", "checkConstraints", "changeDataFeed",
+                                                "generatedColumns", "columnMapping"}
+    assert "identityColumns" in table_features(1, 6, None, None)
+
+
+def test_writer_version_6_without_an_identity_column_is_written_with_one_refused():
+    assert _rules(writer=6) == TableRules()
+    with pytest.raises(UnsupportedTableFeatureError, match="'identityColumns'.*column 'id' is an identity column"):
+        _rules(writer=6, schema=_schema(_field("id", "long", **{"delta.identity.start": 1, "delta.identity.step": 1})))
+
+
+@pytest.mark.parametrize("feature", [f.name for f in FEATURES if not f.written])
+def test_every_refused_feature_is_refused_by_name(feature):
+    readers = next(f.readers for f in FEATURES if f.name == feature)
+    with pytest.raises(UnsupportedTableFeatureError) as err:
+        _rules(3 if readers else 1, 7, [feature] if readers else None, [feature, "appendOnly"])
+    assert err.value.feature == feature
+    assert str(err.value).startswith(f"Delta table /t (target table) uses the table feature '{feature}', which "
+                                     "lastagent-delta does not write: ")
+
+
+def test_a_feature_not_in_the_list_is_refused():
+    with pytest.raises(UnsupportedTableFeatureError, match="'someFutureFeature'.*not in lastagent's list"):
+        _rules(1, 7, None, ["appendOnly", "someFutureFeature"])
+
+
+def test_the_variant_feature_alone_is_written_a_variant_column_refused():
+    assert _rules(3, 7, ["deletionVectors", "variantType"], ["deletionVectors", "variantType"]) == TableRules()
+    with pytest.raises(UnsupportedTableFeatureError, match="'variantType'.*VARIANT column"):
+        _rules(3, 7, ["variantType"], ["variantType"], schema=_schema(_field("v", "variant")))
+
+
+@pytest.mark.parametrize(("metadata", "feature"), [({"CURRENT_DEFAULT": "7"}, "allowColumnDefaults"),
+                                                   ({"delta.invariants": "{}"}, "invariants"),
+                                                   ({"__COLLATIONS": "{}"}, "collations-preview")])
+def test_column_metadata_that_needs_a_writer_is_refused_even_without_its_feature_listed(metadata, feature):
+    with pytest.raises(UnsupportedTableFeatureError) as err:
+        _rules(1, 7, None, ["appendOnly", "invariants"], schema=_schema(_field("a", **metadata)))
+    assert err.value.feature == feature
+
+
+def test_a_transaction_retention_is_refused():
+    with pytest.raises(UnsupportedTableFeatureError, match="'delta.setTransactionRetentionDuration'"):
+        _rules(config={"delta.setTransactionRetentionDuration": "interval 1 days"})
+
+
+def test_rules_gather_constraints_generated_columns_not_null_paths_and_column_mapping():
+    nested = {"type": "struct", "fields": [_field("x", nullable=False), _field("y")]}
+    schema = _schema(_field("id", "long", nullable=False), _field("s", nested),
+                     _field("d", **{"delta.generationExpression": "id * 2"}))
+    rules = _rules(2, 7, None, ["columnMapping", "checkConstraints", "generatedColumns", "v2Checkpoint"],
+                   {"delta.columnMapping.mode": "name", "delta.constraints.pos": "id > 0"}, schema)
+    assert rules == TableRules("name", (Constraint("pos", "id > 0"),), (GeneratedColumn("d", "id * 2"),),
+                               ("id", "s.x"), checkpoint=False)
+
+
+def test_docs_carry_the_feature_table():
+    docs = (Path(__file__).parents[2] / "docs" / "delta.md").read_text()
+    assert markdown() in docs, "docs/delta.md is stale: python -m lastagent.sinks.delta_features"
+
+
+def test_not_null_is_checked_through_structs():
+    t = pa.struct([pa.field("x", pa.int32())])
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("s", t)])
+    batch = pa.record_batch([pa.array([1, None, 3, 4]), pa.array([{"x": 1}, {"x": 2}, {"x": None}, None], t)],
+                            schema=schema)
+    good, failed = RowChecker(TableRules(not_null=("id", "s.x")), schema, ("id", "s"), "UTC").apply(batch)
+    assert good.column("id").to_pylist() == [1, 4]  # a null struct holds no null field
+    assert [(f.row.column("id")[0].as_py(), f.reason) for f in failed] == [(None, "not-null:id"), (3, "not-null:s.x")]
+    assert all("null" in str(f.error) and "2" not in str(f.error) for f in failed)  # names the column, not the row
+
+
+def test_files_of_a_column_mapped_table_use_physical_names_and_field_ids(tmp_path):
+    delta = _schema(_field("id", "long", **{"delta.columnMapping.physicalName": "col-a", "delta.columnMapping.id": 1}),
+                    _field("s", {"type": "struct", "fields": [
+                        _field("x", **{"delta.columnMapping.physicalName": "col-c", "delta.columnMapping.id": 3})]},
+                        **{"delta.columnMapping.physicalName": "col-b", "delta.columnMapping.id": 2}),
+                    _field("p", "string", **{"delta.columnMapping.physicalName": "col-d", "delta.columnMapping.id": 4}))
+    t = pa.struct([pa.field("x", pa.int32())])
+    logical = pa.schema([pa.field("id", pa.int64()), pa.field("s", t), pa.field("p", pa.string())])
+    writer = FileWriter(str(tmp_path), "l", 0, 0, 0, 0, partition_by=("p",), physical=physical_fields(logical, delta))
+    writer.write(pa.record_batch([pa.array([1, 2]), pa.array([{"x": 5}, None], t), pa.array(["a", "a"])],
+                                 schema=logical))
+    (add,) = writer.close()
+    assert add["partitionValues"] == {"col-d": "a"} and add["path"].startswith("col-d=a/")
+    stats = json.loads(add["stats"])
+    assert stats["minValues"] == {"col-a": 1} and stats["nullCount"] == {"col-a": 0, "col-b": 1}
+    stored = pq.read_schema(tmp_path / add["path"])
+    assert stored.names == ["col-a", "col-b"]
+    assert stored.field("col-a").metadata == {b"PARQUET:field_id": b"1"}
+    assert stored.field("col-b").type.field(0).name == "col-c"
+    assert writer.schema is not None and writer.schema.names == ["id", "s", "p"]  # the commit still sees logical names
