@@ -84,8 +84,9 @@ from typing import Any
 import pyarrow as pa
 
 from lastagent.errors import LastAgentError
+from lastagent.sinks.delta_features import Constraint, GeneratedColumn
 
-__all__ = ["Check", "Generated", "RowRules", "UnsupportedExpressionError", "check_supported"]
+__all__ = ["RowRules", "UnsupportedExpressionError", "check_supported"]
 
 UTC_NAMES = frozenset({"UTC", "Etc/UTC", "GMT", "Etc/GMT", "Z", "+00:00", "Zulu", "UCT", "Etc/UCT", "Universal",
                        "Etc/Universal", "GMT0", "Etc/GMT0", "Etc/GMT+0", "Etc/GMT-0", "Greenwich", "Etc/Greenwich"})
@@ -107,22 +108,6 @@ class UnsupportedExpressionError(LastAgentError):
                          "or write to this table with Spark's Delta writer")
         self.what = what
         self.construct = construct
-
-
-@dataclass(frozen=True)
-class Check:
-    """A CHECK constraint: its name and Spark SQL text (table property ``delta.constraints.<name>``)."""
-
-    name: str
-    sql: str
-
-
-@dataclass(frozen=True)
-class Generated:
-    """A generated column: its name and Spark SQL generation expression (``delta.generationExpression``)."""
-
-    column: str
-    sql: str
 
 
 class _Refuse(Exception):
@@ -1280,12 +1265,12 @@ class RowRules:
         time_zone: Spark's session time zone (see :func:`check_supported`).
     """
 
-    def __init__(self, checks: Sequence[Check], generated: Sequence[Generated], schema: pa.Schema,
+    def __init__(self, checks: Sequence[Constraint], generated: Sequence[GeneratedColumn], schema: pa.Schema,
                  provided: Collection[str], *, time_zone: str = "UTC") -> None:
         self.schema = schema
         self._ctx = _eval_context()
         self._computed = _Program(schema)
-        self._computed_rules: list[Generated] = []
+        self._computed_rules: list[GeneratedColumn] = []
         self._checked = _Program(schema)
         self._checked_rules: list[tuple[str, str, str]] = []  # (rule, sql, reason when not TRUE)
         for g in generated:

@@ -14,6 +14,7 @@ the list is refused. ``docs/delta.md`` is generated from it (``python -m lastage
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -120,6 +121,10 @@ _BY_NAME = {f.name: f for f in FEATURES}
 _LEGACY_WRITER = ((2, ("appendOnly", "invariants")), (3, ("checkConstraints",)),
                   (4, ("changeDataFeed", "generatedColumns")), (5, ("columnMapping",)), (6, ("identityColumns",)))
 
+#: Spark keeps a CHAR(n) / VARCHAR(n) column as a string with this metadata.
+_CHAR_VARCHAR = "__CHAR_VARCHAR_TYPE_STRING"
+_LENGTH = re.compile(r"(char|varchar)\((\d+)\)", re.IGNORECASE)
+
 #: Table properties a writer must honour that are no feature of their own.
 _REFUSED_PROPERTIES = {
     "delta.setTransactionRetentionDuration": (
@@ -154,6 +159,8 @@ class TableRules:
         generated: the table's generated columns.
         not_null: paths of the columns (``a`` or ``a.b`` for a struct's field) declared NOT NULL.
         checkpoint: whether delta-rs may write a checkpoint after a commit (not on v2Checkpoint tables).
+        lengths: (column, n) of the top-level VARCHAR(n) and CHAR(n) columns: Spark's writer refuses a
+            longer value (``length(column) <= n``) and stores the value as given (read-side padding).
     """
 
     column_mapping: str = "none"
@@ -161,11 +168,12 @@ class TableRules:
     generated: tuple[GeneratedColumn, ...] = ()
     not_null: tuple[str, ...] = ()
     checkpoint: bool = True
+    lengths: tuple[tuple[str, int], ...] = ()
 
     @property
     def rows_checked(self) -> bool:
-        """True when rows must pass through constraints, generated columns or NOT NULL checks."""
-        return bool(self.constraints or self.generated or self.not_null)
+        """True when rows must pass through constraints, generated columns, lengths or NOT NULL checks."""
+        return bool(self.constraints or self.generated or self.not_null or self.lengths)
 
 
 def table_features(min_reader: int, min_writer: int, reader_features: list[str] | None,
@@ -270,6 +278,10 @@ def write_rules(table: str, role: str, min_reader: int, min_writer: int, reader_
             raise refuse("allowColumnDefaults", f"column '{path}' has a DEFAULT")
         if "__COLLATIONS" in metadata:
             raise refuse("collations-preview", f"column '{path}' has a collation")
+        kind = metadata.get(_CHAR_VARCHAR)
+        if kind is not None and ("." in path or not _LENGTH.fullmatch(kind)):
+            raise refuse("CHAR/VARCHAR", f"column '{path}' is {kind}; the sink checks the length of top-level "
+                                         "CHAR and VARCHAR columns only")
     for t in _types({"fields": schema.get("fields", ())}):
         if t in ("variant", "void"):
             raise refuse("variantType" if t == "variant" else "void",
@@ -284,7 +296,9 @@ def write_rules(table: str, role: str, min_reader: int, min_writer: int, reader_
     nested_generated = [p for p, f in fields if "." in p and "delta.generationExpression" in f.get("metadata", {})]
     if nested_generated:
         raise refuse("generatedColumns", f"nested field '{nested_generated[0]}' is generated")
-    return TableRules(mode, constraints, generated, tuple(_not_null(schema)), "v2Checkpoint" not in named)
+    lengths = tuple((f["name"], int(m[2])) for f in schema.get("fields", ())
+                    if (m := _LENGTH.fullmatch(f.get("metadata", {}).get(_CHAR_VARCHAR, ""))))
+    return TableRules(mode, constraints, generated, tuple(_not_null(schema)), "v2Checkpoint" not in named, lengths)
 
 
 def rules_of(table: Any, where: str, role: str) -> TableRules:
@@ -308,7 +322,8 @@ def require_plain(table: Any, where: str, role: str, nullable: bool = True) -> N
     """
     rules = rules_of(table, where, role)
     found = ("columnMapping" if rules.column_mapping != "none" else "checkConstraints" if rules.constraints
-             else "generatedColumns" if rules.generated else "NOT NULL" if nullable and rules.not_null else None)
+             else "generatedColumns" if rules.generated else "CHAR/VARCHAR" if rules.lengths
+             else "NOT NULL" if nullable and rules.not_null else None)
     if found is not None:
         raise UnsupportedTableFeatureError(found, where, role, f"the {role} holds lastagent's own rows, written "
                                                                "as lastagent creates the table; give it a path of its own")

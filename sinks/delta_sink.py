@@ -9,7 +9,10 @@
   table's properties; that epoch's commit then rolls back what earlier runs left undecided and
   deletes the data files no decision references.
 * ``write`` runs on executors, one task attempt at a time: headers filter, transformer, cast to
-  the table's schema, parquet files under the table root (not yet visible), side-topic and
+  the table's schema, the table's row rules (generated columns, NOT NULL, CHECK constraints:
+  :mod:`lastagent.sinks.table_rows`, worked out at start by :mod:`lastagent.sinks.delta_features`,
+  which refuses a feature the sink does not write), parquet files under the table root (physical
+  names for a column-mapped table; not yet visible), side-topic and
   dead-letter records in a Kafka branch flushed and left open (prepared). The commit message
   holds the files' add actions and the branch handle.
 * ``commit`` runs on the driver: one Delta commit with every add action, ``txn(link, epoch)``
@@ -36,10 +39,10 @@ from lastagent.sinks import dead_letters, transformer
 from lastagent.sinks.delta_commit import StagedEpoch, TargetTableStore, schema_diff, schema_error
 from lastagent.sinks.delta_features import TableRules
 from lastagent.sinks.delta_files import FileWriter, delta_arrow_schema, physical_fields
-from lastagent.sinks.table_rows import RowChecker
 from lastagent.sinks.delta_sink_options import DeltaSinkOptions
 from lastagent.sinks.query_run import (Started, StartsWhenShipped, generation_of, require_started, require_topics,
                                        shipped, task_epoch, task_generation, task_run)
+from lastagent.sinks.table_rows import RowChecker
 from lastagent.storage import require_reachable
 
 log = logging.getLogger("lastagent.delta")

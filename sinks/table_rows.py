@@ -2,9 +2,10 @@
 
 Executor side. Rows already cast to the table's schema pass through :class:`RowChecker` before
 they are written to a file: generated columns are computed (or checked, when the query gives
-them), then NOT NULL columns and CHECK constraints are enforced, in that order, as Spark's Delta
+them), then CHAR/VARCHAR lengths, NOT NULL columns and CHECK constraints are enforced, in that order, as Spark's Delta
 writer does. A row that breaks a rule goes to the dead letters with the rule's name as its
-reason (``not-null:<column>``, ``check-constraint:<name>``, ``generated-column:<column>``); it is
+reason (``not-null:<column>``, ``check-constraint:<name>``, ``generated-column:<column>``,
+``length:<column>`` for a CHAR/VARCHAR value longer than the column's length); it is
 never written and never dropped.
 """
 
@@ -55,11 +56,9 @@ class RowChecker:
         self.rules = rules
         self.expressions = None
         if rules.constraints or rules.generated:
-            from lastagent.sinks.delta_expressions import Check, Generated, RowRules
+            from lastagent.sinks.delta_expressions import RowRules
 
-            self.expressions = RowRules([Check(c.name, c.sql) for c in rules.constraints],
-                                        [Generated(g.column, g.sql) for g in rules.generated], schema, provided,
-                                        time_zone=time_zone)
+            self.expressions = RowRules(rules.constraints, rules.generated, schema, provided, time_zone=time_zone)
 
     def apply(self, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, list[Failure]]:
         """The batch's rows that keep every rule (generated columns filled) and the ones that break one.
@@ -74,11 +73,16 @@ class RowChecker:
             # Generated values first: NOT NULL and the CHECKs apply to them.
             checked, broken = self.expressions.apply(batch)
         # Spark's order for a row that breaks several rules: a generated value that cannot be
-        # computed, then NOT NULL, then the CHECK constraints; the dead letter names the first.
+        # computed, then CHAR/VARCHAR lengths, NOT NULL, the CHECK constraints; the dead letter names the first.
         reasons = [(index, _reason(text, self.rules), text) for index, text in broken]
         for index, reason, text in reasons:
             if reason.startswith("generated-column:"):
                 failed.setdefault(index, RuleViolation(reason, text))
+        for column, limit in self.rules.lengths:
+            longer = pc.greater(pc.utf8_length(checked.column(column)), limit)
+            for index in pc.indices_nonzero(pc.fill_null(longer, False)).to_pylist():
+                failed.setdefault(index, RuleViolation(
+                    f"length:{column}", f"column '{column}' is longer than its CHAR/VARCHAR length {limit}"))
         for path in self.rules.not_null:
             names = path.split(".")
             nulls = _null_rows(checked.column(names[0]), names[1:])

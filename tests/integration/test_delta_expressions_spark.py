@@ -23,7 +23,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from lastagent.sinks.delta_expressions import Check, Generated, RowRules, check_supported
+from lastagent.sinks.delta_features import Constraint, GeneratedColumn
+from lastagent.sinks.delta_expressions import RowRules, check_supported
 
 pytestmark = pytest.mark.integration
 
@@ -181,7 +182,7 @@ def _read(path: str, column: str) -> dict[int, object]:
 
 def _predict(expr: str, schema: pa.Schema, rows: list[tuple]) -> tuple[list[object], set[int]]:
     """RowRules' values of ``expr`` as generated column ``g`` and the ids of the rows that fail."""
-    rules = RowRules([], [Generated("g", expr)], schema, provided=NAMES)
+    rules = RowRules([], [GeneratedColumn("g", expr)], schema, provided=NAMES)
     out, failed = rules.apply(_batch([r + (None,) for r in rows], schema, NAMES + ["g"]))
     return out.column("g").to_pylist(), {rows[k][0] for k, _ in failed}
 
@@ -242,7 +243,7 @@ def test_generated_values_failures_and_types_match_spark(utc_spark, tmp_path):
 
     # The boolean expressions as CHECK constraints: RowRules rejects the rows whose value is not TRUE.
     for e in (e for e in EXPRESSIONS if types[e] == "boolean"):
-        _, rejected = RowRules([Check("c", e)], [], base, provided=NAMES).apply(_batch(ROWS, base))
+        _, rejected = RowRules([Constraint("c", e)], [], base, provided=NAMES).apply(_batch(ROWS, base))
         values, failed = predicted[e]
         assert {ROWS[k][0] for k, _ in rejected} == {r[0] for r, v in zip(ROWS, values) if v is not True} | failed, e
 
@@ -283,7 +284,7 @@ def test_check_constraints_row_by_row_match_spark(utc_spark, tmp_path):
         path = _create(spark, tmp_path, COLUMNS, constraint, alter=n == 0)
         schema = _arrow_schema(path)
         rows = [by_id[k] for k in ids]
-        _, failed = RowRules([Check("c0", constraint)], [], schema, provided=NAMES).apply(_batch(rows, schema))
+        _, failed = RowRules([Constraint("c0", constraint)], [], schema, provided=NAMES).apply(_batch(rows, schema))
         reasons = {rows[k][0]: reason for k, reason in failed}
         for row in rows:
             expected = (None if row[0] not in reasons else
@@ -302,7 +303,7 @@ def test_check_only_expressions_match_spark(utc_spark, tmp_path):
         path = _create(spark, tmp_path, COLUMNS, constraint)
         schema = _arrow_schema(path)
         check_supported(constraint, schema, f"CHECK constraint {constraint}")
-        _, failed = RowRules([Check("c0", constraint)], [], schema, provided=NAMES).apply(_batch(ROWS, schema))
+        _, failed = RowRules([Constraint("c0", constraint)], [], schema, provided=NAMES).apply(_batch(ROWS, schema))
         rejected = {ROWS[k][0] for k, _ in failed}
         assert 0 < len(rejected) < len(ROWS), constraint
         jobs.append((constraint, [r for r in ROWS if r[0] not in rejected], path, None))
@@ -319,8 +320,8 @@ def test_carried_generated_values_are_checked_as_spark_does(utc_spark, tmp_path)
     columns = "i INT, j INT, g INT GENERATED ALWAYS AS (i + 1 + j)"
     path = _create(spark, tmp_path, columns)
     schema = _arrow_schema(path)
-    carried = RowRules([], [Generated("g", "i + 1 + j")], schema, provided=["i", "j", "g"])
-    computed = RowRules([], [Generated("g", "i + 1 + j")], schema, provided=["i", "j"])
+    carried = RowRules([], [GeneratedColumn("g", "i + 1 + j")], schema, provided=["i", "j", "g"])
+    computed = RowRules([], [GeneratedColumn("g", "i + 1 + j")], schema, provided=["i", "j"])
     rows = [(1, 1, 3), (1, 1, 4), (1, 1, None), (None, 1, None), (None, 1, 0), (MAX, -1, MAX)]
     _, failed = carried.apply(_batch(rows, schema, ["i", "j", "g"]))
     reasons = dict(failed)

@@ -13,7 +13,8 @@ import pyarrow as pa
 import pytest
 
 from lastagent.errors import LastAgentError
-from lastagent.sinks.delta_expressions import Check, Generated, RowRules, UnsupportedExpressionError, check_supported
+from lastagent.sinks.delta_features import Constraint, GeneratedColumn
+from lastagent.sinks.delta_expressions import RowRules, UnsupportedExpressionError, check_supported
 
 pytestmark = pytest.mark.unit
 
@@ -37,14 +38,14 @@ def batch(**columns: list) -> pa.RecordBatch:
 
 def checked(sql: str, **columns: list) -> list[str | None]:
     """Per row: None when the CHECK passes, else the reason."""
-    _, failed = RowRules([Check("c", sql)], [], SCHEMA, provided=SCHEMA.names).apply(batch(**columns))
+    _, failed = RowRules([Constraint("c", sql)], [], SCHEMA, provided=SCHEMA.names).apply(batch(**columns))
     reasons = dict(failed)
     return [reasons.get(k) for k in range(len(next(iter(columns.values()))))]
 
 
 def computed(sql: str, column: str = "doubled", **columns: list) -> tuple[list, list[tuple[int, str]]]:
     provided = [n for n in SCHEMA.names if n != column]
-    out, failed = RowRules([], [Generated(column, sql)], SCHEMA, provided=provided).apply(batch(**columns))
+    out, failed = RowRules([], [GeneratedColumn(column, sql)], SCHEMA, provided=provided).apply(batch(**columns))
     return out.column(column).to_pylist(), failed
 
 
@@ -166,7 +167,7 @@ def test_generated_columns_are_computed_as_optimized_and_checked_as_written():
     assert values == [MAX, None]
     assert failed == [(1, "generated column doubled: arithmetic overflow in its generation expression (amount + 1 + other)")]
     # Carried, the value is compared with the expression as written (which overflows on the first row).
-    rules = RowRules([], [Generated("doubled", "amount + 1 + other")], SCHEMA, provided=SCHEMA.names)
+    rules = RowRules([], [GeneratedColumn("doubled", "amount + 1 + other")], SCHEMA, provided=SCHEMA.names)
     _, failed = rules.apply(batch(amount=[MAX, 1, 1, None, None], other=[-1, 1, 1, 1, 1], doubled=[MAX, 3, 4, None, 0]))
     assert failed == [
         (0, "generated column doubled: arithmetic overflow in (amount + 1 + other)"),
@@ -175,8 +176,8 @@ def test_generated_columns_are_computed_as_optimized_and_checked_as_written():
 
 
 def test_checks_see_computed_generated_values():
-    rules = RowRules([Check("small", "doubled < 10"), Check("positive", "amount > 0")],
-                     [Generated("doubled", "amount * 2")], SCHEMA, provided=[n for n in SCHEMA.names if n != "doubled"])
+    rules = RowRules([Constraint("small", "doubled < 10"), Constraint("positive", "amount > 0")],
+                     [GeneratedColumn("doubled", "amount * 2")], SCHEMA, provided=[n for n in SCHEMA.names if n != "doubled"])
     out, failed = rules.apply(batch(amount=[1, 5, -1, 2 ** 30], doubled=[99, 99, 99, 99]))
     assert out.schema == SCHEMA
     assert out.column("doubled").to_pylist() == [2, 10, -2, None]
@@ -187,8 +188,8 @@ def test_checks_see_computed_generated_values():
 
 def test_reasons_never_show_row_values():
     secret_text, secret_number = "SECRET-7f3a", 987654321
-    rules = RowRules([Check("named", "Name = 'x'"), Check("sum", "amount + other < 0")],
-                     [Generated("doubled", "amount * 3")], SCHEMA, provided=[n for n in SCHEMA.names if n != "doubled"])
+    rules = RowRules([Constraint("named", "Name = 'x'"), Constraint("sum", "amount + other < 0")],
+                     [GeneratedColumn("doubled", "amount * 3")], SCHEMA, provided=[n for n in SCHEMA.names if n != "doubled"])
     _, failed = rules.apply(batch(Name=[secret_text, "x", "x"], amount=[secret_number, secret_number, MAX],
                                   other=[1, 1, MAX]))
     assert len(failed) == 3
@@ -201,7 +202,7 @@ def test_generated_column_type_must_be_the_expressions():
     with pytest.raises(UnsupportedExpressionError, match="type bigint is not the column's type int"):
         check_supported("big * 2", SCHEMA, "generated column 'doubled'", column="doubled")
     with pytest.raises(UnsupportedExpressionError, match="generated column 'doubled'"):
-        RowRules([], [Generated("doubled", "amount * 2.5")], SCHEMA, provided=["amount"])
+        RowRules([], [GeneratedColumn("doubled", "amount * 2.5")], SCHEMA, provided=["amount"])
 
 
 def test_generated_expressions_spark_may_rewrite_are_refused():
@@ -240,7 +241,7 @@ def test_decimal_arithmetic_is_exact():
     prices = [D(rng.randint(-10 ** 10 + 1, 10 ** 10 - 1)).scaleb(-2) for _ in range(200)]
     amounts = [rng.randint(MIN, MAX) for _ in range(200)]
     schema = SCHEMA.append(pa.field("g", pa.decimal128(21, 4))).append(pa.field("h", pa.decimal128(13, 2)))
-    rules = RowRules([], [Generated("g", "price * price"), Generated("h", "price + amount")], schema,
+    rules = RowRules([], [GeneratedColumn("g", "price * price"), GeneratedColumn("h", "price + amount")], schema,
                      provided=SCHEMA.names)
     b = batch(price=prices, amount=amounts)
     b = pa.RecordBatch.from_arrays(list(b.columns) + [pa.nulls(200, pa.decimal128(21, 4)), pa.nulls(200, pa.decimal128(13, 2))],
@@ -256,7 +257,7 @@ def test_decimal_as_double_is_correctly_rounded():
     rng = random.Random(11)
     prices = [D(rng.randint(-10 ** 10 + 1, 10 ** 10 - 1)).scaleb(-2) for _ in range(500)]
     schema = SCHEMA.append(pa.field("g", pa.float64()))
-    rules = RowRules([], [Generated("g", "CAST(price AS DOUBLE)")], schema, provided=SCHEMA.names)
+    rules = RowRules([], [GeneratedColumn("g", "CAST(price AS DOUBLE)")], schema, provided=SCHEMA.names)
     b = batch(price=prices)
     b = pa.RecordBatch.from_arrays(list(b.columns) + [pa.nulls(500, pa.float64())], schema=schema)
     assert rules.apply(b)[0].column("g").to_pylist() == [float(p) for p in prices]
@@ -270,7 +271,7 @@ def test_strings_as_spark():
         ("trim(Name)", [" a\t ", "\n a "], ["a\t", "\n a"]),
         ("concat(Name, '-', Name)", ["a", None], ["a-a", None]),
     ]:
-        rules = RowRules([], [Generated("g", sql)], schema, provided=SCHEMA.names)
+        rules = RowRules([], [GeneratedColumn("g", sql)], schema, provided=SCHEMA.names)
         b = batch(Name=inputs)
         b = pa.RecordBatch.from_arrays(list(b.columns) + [pa.nulls(len(inputs), pa.string())], schema=schema)
         assert rules.apply(b)[0].column("g").to_pylist() == expected, sql
@@ -283,7 +284,7 @@ def test_no_rules_and_empty_batches():
     rules = RowRules([], [], SCHEMA, provided=SCHEMA.names)
     b = batch(amount=[1])
     assert rules.apply(b) == (b, [])
-    rules = RowRules([Check("c", "amount > 0")], [Generated("doubled", "amount * 2")], SCHEMA, provided=["amount"])
+    rules = RowRules([Constraint("c", "amount > 0")], [GeneratedColumn("doubled", "amount * 2")], SCHEMA, provided=["amount"])
     empty = pa.RecordBatch.from_pylist([], schema=SCHEMA)
     assert rules.apply(empty) == (empty, [])
 

@@ -128,3 +128,21 @@ def test_files_of_a_column_mapped_table_use_physical_names_and_field_ids(tmp_pat
     assert stored.field("col-a").metadata == {b"PARQUET:field_id": b"1"}
     assert stored.field("col-b").type.field(0).name == "col-c"
     assert writer.schema is not None and writer.schema.names == ["id", "s", "p"]  # the commit still sees logical names
+
+
+def test_char_and_varchar_lengths_are_rules_nested_ones_refused():
+    schema = _schema(_field("a", "string", __CHAR_VARCHAR_TYPE_STRING="varchar(3)"),
+                     _field("b", "string", __CHAR_VARCHAR_TYPE_STRING="char(2)"))
+    assert _rules(schema=schema).lengths == (("a", 3), ("b", 2))
+    nested = _schema(_field("s", {"type": "struct", "fields": [_field("v", "string")]},
+                            __CHAR_VARCHAR_TYPE_STRING="struct<v:varchar(2)>"))
+    with pytest.raises(UnsupportedTableFeatureError, match="'CHAR/VARCHAR'.*column 's' is struct<v:varchar"):
+        _rules(schema=nested)
+
+
+def test_a_value_longer_than_its_varchar_goes_to_the_dead_letters():
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("name", pa.string())])
+    batch = pa.record_batch([pa.array([1, 2, 3]), pa.array(["abc", "abcd", None])], schema=schema)
+    good, failed = RowChecker(TableRules(lengths=(("name", 3),)), schema, ("id", "name"), "UTC").apply(batch)
+    assert good.column("id").to_pylist() == [1, 3]
+    assert [(f.row.column("id")[0].as_py(), f.reason) for f in failed] == [(2, "length:name")]
