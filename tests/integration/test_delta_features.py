@@ -210,3 +210,15 @@ def test_a_dead_letter_table_with_a_constraint_is_refused_at_start(spark, source
     with pytest.raises(Exception, match=r"\(dead-letter table\) uses the table feature 'checkConstraints'"):
         q.awaitTermination()
     assert DeltaTable(ours).version() == 0
+
+
+def test_an_arbitration_table_with_a_constraint_is_refused(spark, tmp_path):
+    """The Kafka sink's arbitration table (option arbitrationTable): lastagent's own rows only."""
+    from lastagent.arbitration import DeltaArbitrationStore
+    from lastagent.sinks.delta_features import UnsupportedTableFeatureError
+
+    arb = str(tmp_path / "arb")
+    _make(spark, "CREATE TABLE {t} (link STRING, epoch BIGINT, gxid STRING, branches STRING, decided_at TIMESTAMP, "
+                 "confirmed_through BIGINT) USING delta", ["ALTER TABLE {t} ADD CONSTRAINT e CHECK (epoch > 0)"], arb)
+    with pytest.raises(UnsupportedTableFeatureError, match=r"\(arbitration table\) uses the table feature 'checkConstraints'"):
+        DeltaArbitrationStore(arb).ownership("any")
