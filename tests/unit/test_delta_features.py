@@ -146,3 +146,32 @@ def test_a_value_longer_than_its_varchar_goes_to_the_dead_letters():
     good, failed = RowChecker(TableRules(lengths=(("name", 3),)), schema, ("id", "name"), "UTC").apply(batch)
     assert good.column("id").to_pylist() == [1, 3]
     assert [(f.row.column("id")[0].as_py(), f.reason) for f in failed] == [(2, "length:name")]
+
+
+def test_a_property_commit_that_rewrites_the_protocol_is_logged(caplog):
+    """delta-rs 1.6.6's property commit rewrites a table-features protocol; the claim says so (docs/delta.md)."""
+    from types import SimpleNamespace
+
+    from lastagent.arbitration import alter_properties
+
+    class Table:
+        def __init__(self, protocol: tuple) -> None:
+            self._protocol = protocol
+            self.alter = SimpleNamespace(set_table_properties=self.set)
+
+        def protocol(self) -> tuple:
+            return self._protocol
+
+        def set(self, properties: dict, **_: object) -> None:
+            state["table"] = Table((2, 7))  # what delta-rs does to reader version 1
+
+    state = {"table": Table((1, 7))}
+    with caplog.at_level("WARNING", logger="lastagent"):
+        alter_properties(lambda: state["table"], "Delta table /t", "a claim", lambda table: {"lastagent.x": "1"})
+    assert "changed the protocol of Delta table /t from (1, 7) to (2, 7)" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="lastagent"):
+        state["table"] = Table((2, 7))
+        state["table"].alter = SimpleNamespace(set_table_properties=lambda *a, **k: None)
+        alter_properties(lambda: state["table"], "Delta table /t", "a claim", lambda table: {"lastagent.x": "1"})
+    assert "changed the protocol" not in caplog.text
