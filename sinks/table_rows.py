@@ -100,10 +100,11 @@ class RowChecker:
 
 def _reason(text: str, rules: TableRules) -> str:
     """The dead-letter reason of a failure the evaluator describes: the rule its text starts with."""
+    # The evaluator's text is "<rule>: ..." or "<rule> (<sql>) violated"; a name may prefix another's.
     for g in rules.generated:
-        if text.startswith(f"generated column {g.column}"):
+        if text.startswith(f"generated column {g.column}:"):
             return f"generated-column:{g.column}"
     for c in rules.constraints:
-        if text.startswith(f"CHECK constraint {c.name}"):
+        if text.startswith((f"CHECK constraint {c.name}:", f"CHECK constraint {c.name} (")):
             return f"check-constraint:{c.name}"
     raise AssertionError(f"a rule failure that names no rule of the table: {text}")

@@ -175,3 +175,11 @@ def test_a_property_commit_that_rewrites_the_protocol_is_logged(caplog):
         state["table"].alter = SimpleNamespace(set_table_properties=lambda *a, **k: None)
         alter_properties(lambda: state["table"], "Delta table /t", "a claim", lambda table: {"lastagent.x": "1"})
     assert "changed the protocol" not in caplog.text
+
+
+def test_a_broken_check_is_named_even_when_another_name_prefixes_it():
+    schema = pa.schema([pa.field("amount", pa.int32())])
+    rules = TableRules(constraints=(Constraint("pos", "amount > -5"), Constraint("positive", "amount > 0")))
+    batch = pa.record_batch([pa.array([1, -1, -9])], schema=schema)
+    _, failed = RowChecker(rules, schema, ("amount",), "UTC").apply(batch)
+    assert [f.reason for f in failed] == ["check-constraint:positive", "check-constraint:pos"]
