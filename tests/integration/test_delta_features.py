@@ -221,3 +221,27 @@ def test_an_arbitration_table_with_a_constraint_is_refused(spark, tmp_path):
                  "confirmed_through BIGINT) USING delta", ["ALTER TABLE {t} ADD CONSTRAINT e CHECK (epoch > 0)"], arb)
     with pytest.raises(UnsupportedTableFeatureError, match=r"\(arbitration table\) uses the table feature 'checkConstraints'"):
         DeltaArbitrationStore(arb).ownership("any")
+
+
+def test_a_table_changed_while_the_epoch_ran_is_not_committed(tmp_path):
+    """An ALTER TABLE ... ADD CONSTRAINT between the epoch's start and its commit: the tasks checked
+    the rows against the old rules, so the commit refuses (delta-rs only, no Spark needed)."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    from lastagent.arbitration import ArbitrationRecord
+    from lastagent.sinks.delta_commit import StagedEpoch, TableChangedError, TargetTableStore
+    from lastagent.sinks.delta_features import TableRules
+
+    path = str(tmp_path / "t")
+    write_deltalake(path, pa.table({"id": pa.array([1], pa.int64())}))
+    store = TargetTableStore(path)
+    started = store.rules(DeltaTable(path))
+    assert started == TableRules()
+    DeltaTable(path).alter.add_constraint({"positive": "id > 0"})
+    add = {"path": "x.parquet", "size": 1, "partitionValues": {}, "modificationTime": 0, "dataChange": True,
+           "stats": "{}"}
+    version = DeltaTable(path).version()
+    with pytest.raises(TableChangedError, match=r"changed while the epoch ran"):
+        store.decide(ArbitrationRecord("l", 0, "g", ()), 0, StagedEpoch((add,), None, ((0, 0),), (), started))
+    assert DeltaTable(path).version() == version
