@@ -505,6 +505,7 @@ class DeltaArbitrationStore:
         self._where = location(self.path, "arbitrationTable")
         self._storage = self._config.delta_options(self._where)
         self._latest = LatestTable(self._where.uri, self._storage)
+        self._plain_at: int | None = None  # the table version whose features were last checked
 
     def _table(self):  # noqa: ANN202 — deltalake type
         from deltalake.exceptions import TableNotFoundError
@@ -516,14 +517,15 @@ class DeltaArbitrationStore:
         except Exception as exc:  # noqa: BLE001 — any read failure means "cannot decide now"
             raise ArbitrationError(f"cannot read arbitration table {self.path}: {exc}") from exc
         names = tuple(f.name for f in table.schema().fields)
-        if names == self.SCHEMA_FIELDS:
-            from lastagent.sinks.delta_features import require_plain
-
-            require_plain(table, self.path, "arbitration table", nullable=False)
         if names != self.SCHEMA_FIELDS:
             raise ArbitrationError(
                 f"option 'arbitrationTable': {self.path} is a Delta table of another schema (columns {list(names)}), "
                 f"not a lastagent arbitration table (columns {list(self.SCHEMA_FIELDS)}); give a path of its own")
+        if table.version() != self._plain_at:  # the features are checked once per version read, not per call
+            from lastagent.sinks.delta_features import require_plain
+
+            require_plain(table, self.path, "arbitration table", nullable=False)
+            self._plain_at = table.version()
         return table
 
     def _ensure_table(self):  # noqa: ANN202

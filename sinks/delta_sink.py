@@ -323,8 +323,6 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
                 the executors evaluate as Spark does.
             OptionError: mergeSchema on a column-mapped table; a NOT NULL column the query lacks.
         """
-        from deltalake import Schema
-
         from lastagent.errors import OptionError
 
         rules = store.rules(table)
@@ -333,7 +331,7 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
 
             # The driver's start cannot see Spark's session time zone; it checks as for UTC, and a task in
             # another zone refuses an expression that depends on it before writing a row.
-            arrow = delta_arrow_schema(pa.schema(Schema.from_json(table.schema().to_json()).to_arrow()))
+            arrow = delta_arrow_schema(pa.schema(table.schema().to_arrow()))
             for c in rules.constraints:
                 check_supported(c.sql, arrow, f"CHECK constraint '{c.name}' of Delta table {self.options.path}")
             for g in rules.generated:

@@ -183,3 +183,15 @@ def test_a_broken_check_is_named_even_when_another_name_prefixes_it():
     batch = pa.record_batch([pa.array([1, -1, -9])], schema=schema)
     _, failed = RowChecker(rules, schema, ("amount",), "UTC").apply(batch)
     assert [f.reason for f in failed] == ["check-constraint:positive", "check-constraint:pos"]
+
+
+def test_a_task_outside_utc_refuses_an_expression_that_depends_on_the_time_zone():
+    """The driver checks as for UTC; the task knows Spark's session zone and refuses before writing."""
+    from lastagent.sinks.delta_expressions import UnsupportedExpressionError
+
+    schema = pa.schema([pa.field("ts", pa.timestamp("us", tz="UTC")), pa.field("day", pa.date32())])
+    rules = TableRules(generated=(GeneratedColumn("day", "CAST(ts AS DATE)"),))
+    assert RowChecker(rules, schema, ("ts",), "UTC").expressions is not None
+    for zone in ("America/New_York", "unknown"):
+        with pytest.raises(UnsupportedExpressionError, match="generated column 'day'"):
+            RowChecker(rules, schema, ("ts",), zone)
