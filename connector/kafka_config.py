@@ -41,6 +41,10 @@ _OTHER_MODULES = {
 #: Runtimes that shade the Kafka client (Databricks) rename its packages with a prefix.
 _SHADED = re.compile(r"^(?:kafkashaded\.|shaded\.)")
 
+#: The Java client's bound of one API call, retries included; our retries honour it (kafka_retry).
+API_TIMEOUT = "default.api.timeout.ms"
+DEFAULT_API_TIMEOUT_MS = 60_000
+
 #: Java client settings neither library can honour, with what to do instead.
 _JAVA_ONLY = {
     "sasl.login.callback.handler.class": "Java callback classes cannot run in Python clients; use "
@@ -186,6 +190,12 @@ class KafkaConfig(Mapping[str, str]):
     def bootstrap_servers(self) -> str:
         return self.settings.get("bootstrap.servers", "")
 
+    @property
+    def api_timeout_ms(self) -> int:
+        """How long one call may keep retrying through broker loss: the Java client's
+        ``default.api.timeout.ms`` (default 60000), checked by :meth:`parse`."""
+        return int(self.settings.get(API_TIMEOUT, DEFAULT_API_TIMEOUT_MS))
+
     # -- parsing ------------------------------------------------------------------------------
 
     @classmethod
@@ -222,6 +232,12 @@ class KafkaConfig(Mapping[str, str]):
             raise OptionError("kafka.security.protocol",
                               f"is {protocol}, but TLS key or trust stores are given; use SSL or SASL_SSL")
         plain = {k: v for k, v in raw.items() if k not in _NATIVE_SECURITY}
+        if API_TIMEOUT in plain:
+            value = plain[API_TIMEOUT].strip()
+            if not value.isdigit() or int(value) <= 0:
+                raise OptionError(f"kafka.{API_TIMEOUT}", f"{value!r} is not a positive number of milliseconds; "
+                                                          f"the default is {DEFAULT_API_TIMEOUT_MS}")
+            plain[API_TIMEOUT] = value
         return cls(plain, security)
 
     # -- translations ---------------------------------------------------------------------------
@@ -233,6 +249,7 @@ class KafkaConfig(Mapping[str, str]):
             OptionError: a key or trust store cannot be read (names its setting).
         """
         out: dict[str, Any] = dict(self.settings)
+        out.pop(API_TIMEOUT, None)  # a Java client setting that our retries honour (kafka_retry), not librdkafka
         sec = self.security
         out["security.protocol"] = sec.protocol
         if sec.sasl:

@@ -16,9 +16,10 @@ from __future__ import annotations
 import logging
 import socket
 import ssl
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from kafka import errors as kafka_errors
 from kafka.admin import KafkaAdminClient
@@ -27,6 +28,9 @@ from kafka.protocol.producer.transaction import EndTxnRequest
 
 from lastagent.errors import KafkaProtocolError
 from lastagent.kafka_config import LOGIN_HINT, KafkaConfig, access_hint
+from lastagent.kafka_retry import is_retriable, retried
+
+T = TypeVar("T")
 
 #: The Kafka API keys an outside transaction coordinator client needs, by name.
 _NEEDED_APIS = ((26, "EndTxn"), (65, "DescribeTransactions"), (66, "ListTransactions"))
@@ -63,8 +67,8 @@ def explain(exc: BaseException, what: str) -> KafkaProtocolError:
     hint = access_hint(str(getattr(exc, "message", "")))
     if hint is not None:
         return KafkaProtocolError(f"{what}: {type(exc).__name__}: {hint}")
-    retriable = bool(getattr(exc, "retriable", False)) or isinstance(exc, OSError)
-    return KafkaProtocolError(f"{what}: {type(exc).__name__}: {exc}", retriable=retriable)
+    # The broker's condition first: the one line a user sees says what the cluster did.
+    return KafkaProtocolError(f"{type(exc).__name__}: {exc} ({what})", retriable=is_retriable(exc))
 
 
 class _LoginFailures(logging.Filter):
@@ -104,7 +108,8 @@ class _Admin(KafkaAdminClient):
                 self.close()
             if auth is not None:
                 raise explain(auth, f"connecting to {config.bootstrap_servers}") from None
-            raise KafkaProtocolError(_unreachable(config, timeout_ms, exc, failures.dropped), retriable=True) from None
+            detail, retriable = _unreachable(config, timeout_ms, exc, failures.dropped)
+            raise KafkaProtocolError(detail, retriable=retriable) from None
         finally:
             logger.removeFilter(failures)
 
@@ -122,14 +127,15 @@ def admin_client(config: KafkaConfig | Mapping[str, str], timeout_ms: int | None
     return _Admin(config, timeout_ms or int(config.get("request.timeout.ms", "30000")))
 
 
-def _unreachable(config: KafkaConfig, timeout_ms: int, exc: BaseException, dropped: int = 0) -> str:
+def _unreachable(config: KafkaConfig, timeout_ms: int, exc: BaseException, dropped: int = 0) -> tuple[str, bool]:
     """Why no bootstrap server could be used: unreachable, TLS refused, the connection closed during
-    the login, or no answer in time."""
+    the login, or no answer in time; and whether waiting may help (not for TLS or a login refused)."""
     reasons = []
+    settled = False  # a cause that no retry cures
     for server in config.bootstrap_servers.split(","):
         host, _, port = server.strip().rpartition(":")
         if not host or not port.isdigit():
-            return f"bad bootstrap server {server.strip()!r} in kafka.bootstrap.servers: expected host:port"
+            return f"bad bootstrap server {server.strip()!r} in kafka.bootstrap.servers: expected host:port", False
         host = host.strip("[]")
         try:
             with socket.create_connection((host, int(port)), timeout=min(timeout_ms / 1000, 10)) as sock:
@@ -137,6 +143,7 @@ def _unreachable(config: KafkaConfig, timeout_ms: int, exc: BaseException, dropp
                     with config.ssl_context().wrap_socket(sock, server_hostname=host):
                         pass
         except ssl.SSLError as tls:
+            settled = True
             reasons.append(f"{host}:{port}: TLS handshake failed ({tls.reason or tls}); check "
                            "kafka.ssl.truststore.location (or kafka.ssl.ca.location), "
                            "kafka.ssl.endpoint.identification.algorithm and kafka.security.protocol")
@@ -145,17 +152,23 @@ def _unreachable(config: KafkaConfig, timeout_ms: int, exc: BaseException, dropp
     if reasons:
         detail = "; ".join(reasons)
     elif dropped and config.security.sasl:
+        settled = True
         detail = (f"the connection{' and TLS handshake' if config.security.tls else ''} succeed, but the broker "
                   f"closed the connection during the login {dropped} time(s): it refused the login, or its listener "
                   f"expects another mechanism; {LOGIN_HINT}")
     else:
         detail = f"{type(exc).__name__}: {exc}"
     return (f"no Kafka broker could be used at {config.bootstrap_servers} within {timeout_ms} ms "
-            f"(kafka.bootstrap.servers, kafka.security.protocol {config.security.protocol}): {detail}")
+            f"(kafka.bootstrap.servers, kafka.security.protocol {config.security.protocol}): {detail}"), not settled
 
 
 class TransactionCoordinatorClient:
-    """Sends transaction-coordinator requests for any transactional id. Driver side.
+    """Sends transaction-coordinator and admin requests for any transactional id. Driver (and executor) side.
+
+    Every request goes through :meth:`call`: retried within ``kafka.default.api.timeout.ms`` on
+    retriable failures, each retry on a new kafka-python client, which bootstraps from any live
+    broker of ``bootstrap.servers`` and so forgets brokers that left, coordinators that moved and
+    connections in back-off. Threads may share one instance (phase 2 ends branches in parallel).
 
     Args:
         config: the user's ``kafka.*`` settings (prefix removed), checked or not.
@@ -166,13 +179,44 @@ class TransactionCoordinatorClient:
         self._config = KafkaConfig.of(config)
         self._timeout_ms = timeout_ms
         self._admin: Any = None
+        #: Clients a failure retired: another thread may still wait on one, so they close with this one.
+        self._retired: list[Any] = []
+        self._lock = threading.Lock()
+        self.budget_ms = self._config.api_timeout_ms
 
     @property
     def admin(self) -> Any:
         """The kafka-python admin client, connected on first use."""
-        if self._admin is None:
-            self._admin = admin_client(self._config, self._timeout_ms)
-        return self._admin
+        with self._lock:
+            if self._admin is None:
+                self._admin = admin_client(self._config, self._timeout_ms)
+            return self._admin
+
+    def call(self, what: str, request: Callable[[Any], T], budget_ms: int | None = None) -> T:
+        """``request(admin)``, retried through broker loss (:func:`lastagent.kafka_retry.retried`).
+
+        Raises:
+            KafkaUnavailableError: still failing after the budget, naming the broker condition.
+            KafkaProtocolError: a failure retrying cannot help (denied, unsupported).
+        """
+        used: list[Any] = []
+
+        def attempt() -> T:
+            used.append(self.admin)
+            return request(used[-1])
+
+        def renew(exc: BaseException) -> None:
+            if used:
+                self._retire(used[-1])
+
+        return retried(attempt, what, self.budget_ms if budget_ms is None else budget_ms, renew=renew)
+
+    def _retire(self, admin: Any) -> None:
+        """The next request takes a new client, unless another thread already replaced this one."""
+        with self._lock:
+            if self._admin is admin:
+                self._admin = None
+                self._retired.append(admin)
 
     def transaction_protocol(self) -> int:
         """The transaction protocol the cluster runs: 2 (KIP-890: every end bumps the producer
@@ -182,20 +226,22 @@ class TransactionCoordinatorClient:
             KafkaProtocolError: the broker cannot serve an outside coordinator: it lacks
                 ListTransactions / DescribeTransactions (Kafka before 3.0) or EndTxn.
         """
-        versions = {int(k): v for k, v in self.admin.api_versions().items()}
+        versions = {int(k): v for k, v in self.call("asking the brokers' API versions",
+                                                     lambda admin: admin.api_versions()).items()}
         missing = [name for key, name in _NEEDED_APIS if key not in versions]
         if missing:
             raise KafkaProtocolError(
                 f"the broker at {self._config.bootstrap_servers} does not support {', '.join(missing)}: lastagent "
                 "finishes and recovers transactions from outside the producer and needs Apache Kafka 3.0 or newer")
         try:
-            features = self.admin.describe_features()
+            features = self.call("reading the cluster's finalized features", lambda admin: admin.describe_features())
         except kafka_errors.KafkaError as exc:
             raise explain(exc, "reading the cluster's finalized features (ApiVersions)") from None
         level = features.get("transaction.version", {}).get("finalized", (0, 0))[1]
         return 2 if level >= 2 else 1
 
-    def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool) -> EndTxnResult:
+    def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool,
+                admin: Any = None) -> EndTxnResult:
         """Commits (or aborts) the open transaction named by its handle.
 
         Returns the coordinator's answer without raising on Kafka errors, so the caller (the
@@ -206,7 +252,7 @@ class TransactionCoordinatorClient:
             KafkaProtocolError: the request could not be sent or answered (retriable when a retry
                 may help), or the coordinator could not be found.
         """
-        admin = self.admin
+        admin = admin or self.admin
 
         async def end() -> Any:
             node = await admin._find_coordinator_id(transactional_id, key_type=CoordinatorType.TRANSACTION)
@@ -232,9 +278,11 @@ class TransactionCoordinatorClient:
             self._admin._manager.cluster._coordinators.pop((CoordinatorType.TRANSACTION, transactional_id), None)
 
     def close(self) -> None:
-        if self._admin is not None:
-            self._admin.close()
-            self._admin = None
+        with self._lock:
+            clients, self._admin, self._retired = [self._admin, *self._retired], None, []
+        for admin in clients:
+            if admin is not None:
+                admin.close()
 
     def __enter__(self) -> "TransactionCoordinatorClient":
         return self

@@ -28,15 +28,16 @@ from typing import Any, Protocol
 from lastagent import faults, redact
 from lastagent.errors import KafkaProtocolError, LastAgentError
 from lastagent.kafka_config import KafkaConfig, access_hint, as_librdkafka_strings
-from lastagent.kafka_wire import TransactionCoordinatorClient, admin_client, explain
+from lastagent.kafka_retry import KafkaUnavailableError, is_retriable
+from lastagent.kafka_wire import TransactionCoordinatorClient, explain
 
 log = logging.getLogger("lastagent.kafka")
 
-#: Kafka error names after which the same EndTxn may succeed: markers still being written,
-#: or the coordinator loading or moving.
+#: EndTxn answers after which the same EndTxn may succeed: markers still being written, the
+#: coordinator loading or moving, the transaction log short of in-sync replicas for the moment.
 _RETRIABLE = frozenset({
     "CONCURRENT_TRANSACTIONS", "COORDINATOR_LOAD_IN_PROGRESS", "NOT_COORDINATOR",
-    "COORDINATOR_NOT_AVAILABLE", "REQUEST_TIMED_OUT",
+    "COORDINATOR_NOT_AVAILABLE", "REQUEST_TIMED_OUT", "NOT_ENOUGH_REPLICAS", "NOT_ENOUGH_REPLICAS_AFTER_APPEND",
 })
 #: Kafka error names that say this handle's transaction is no longer the open one.
 _GONE = frozenset({
@@ -403,7 +404,7 @@ class BranchWriter:
         """How many records the branch took so far; the next record's index."""
         return self._records
 
-    def prepare(self, flush_timeout_s: float = 300.0, admin: Any = None) -> BranchHandle:
+    def prepare(self, flush_timeout_s: float = 300.0) -> BranchHandle:
         """Flushes every record into the still-open transaction and returns the branch handle.
 
         The flush stops at the first failed record: the transaction cannot commit any more, so
@@ -423,7 +424,7 @@ class BranchWriter:
         if self._records == 0:
             return BranchHandle(self.transactional_id, -1, -1, 0, ())
         try:
-            pid, epoch, partitions = describe_open(self._client_config, self.transactional_id, admin)
+            pid, epoch, partitions = describe_open(self._client_config, self.transactional_id)
         except BranchError as exc:
             raise self._fail(str(exc).removeprefix(f"branch {self.transactional_id}: ")) from None
         return BranchHandle(self.transactional_id, pid, epoch, self._records, partitions)
@@ -452,20 +453,21 @@ class BranchWriter:
             producer.release()
 
 
-def describe_open(client_config: KafkaConfig | Mapping[str, str], transactional_id: str,
-                  admin: Any = None) -> tuple[int, int, tuple[tuple[str, int], ...]]:
-    """(producer id, producer epoch, partitions) of transactional_id's open transaction, from the broker."""
-    from kafka.errors import KafkaError as PyKafkaError
+def describe_open(client_config: KafkaConfig | Mapping[str, str],
+                  transactional_id: str) -> tuple[int, int, tuple[tuple[str, int], ...]]:
+    """(producer id, producer epoch, partitions) of transactional_id's open transaction, from the broker. Executor.
 
-    own = admin is None
-    admin = admin or admin_client(client_config)
-    try:
-        desc = admin.describe_transactions([transactional_id])[transactional_id]
-    except PyKafkaError as exc:
-        raise BranchError(str(explain(exc, f"branch {transactional_id}: describing the prepared transaction"))) from None
-    finally:
-        if own:
-            admin.close()
+    Retried through broker loss within ``kafka.default.api.timeout.ms`` (the coordinator may be
+    moving while the task prepares).
+    """
+    with TransactionCoordinatorClient(client_config) as wire:
+        try:
+            desc = wire.call(f"describing the prepared transaction {transactional_id!r}",
+                             lambda admin: admin.describe_transactions([transactional_id])[transactional_id])
+        except KafkaProtocolError as exc:
+            raise BranchError(f"branch {transactional_id}: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 — kafka-python's own, not retriable: named, never bare
+            raise BranchError(str(explain(exc, f"branch {transactional_id}: describing the prepared transaction"))) from None
     if desc.state.value != "Ongoing":
         raise BranchError(f"branch {transactional_id}: expected an open transaction after flush, broker says {desc.state.value}")
     partitions = tuple(sorted((tp.topic, tp.partition) for tp in desc.topic_partitions))
@@ -519,20 +521,23 @@ class XAResource(Protocol):
 class KafkaXAResource:
     """The transaction manager's view of Kafka for one link: the :class:`XAResource` port. Driver side.
 
+    Every request to the brokers is retried through broker loss (a node restarting, the
+    coordinator or a leader moving, the transaction log short of in-sync replicas) within
+    ``kafka.default.api.timeout.ms``, on a new client bootstrapped from any live broker
+    (:meth:`TransactionCoordinatorClient.call`); only then does a call fail, with
+    :class:`~lastagent.kafka_retry.KafkaUnavailableError` naming the broker's condition.
+
     Args:
         client_config: kafka settings with the ``kafka.`` prefix removed (bootstrap.servers...).
         timeout_ms: transaction timeout given to new branches (``set_timeout``).
-        end_deadline_s: how long one commit or rollback retries retriable answers.
     """
 
-    def __init__(self, client_config: KafkaConfig | Mapping[str, str], timeout_ms: int = 900_000,
-                 end_deadline_s: float = 60.0) -> None:
+    def __init__(self, client_config: KafkaConfig | Mapping[str, str], timeout_ms: int = 900_000) -> None:
         self._config = KafkaConfig.of(client_config)
         if not self._config.bootstrap_servers.strip():
             raise KafkaProtocolError("kafka.bootstrap.servers is required")
         self._timeout_ms = timeout_ms
-        self._end_deadline_s = end_deadline_s
-        # One kafka-python client (its own I/O thread, thread-safe) for admin and coordinator requests.
+        # kafka-python clients (each its own I/O thread, thread-safe), renewed after a broker loss.
         self._wire = TransactionCoordinatorClient(self._config)
         self._protocol: int | None = None
 
@@ -563,12 +568,25 @@ class KafkaXAResource:
         return int(self._broker_config("transaction.max.timeout.ms"))
 
     def _broker_config(self, name: str) -> str:
+        """A broker setting, from the broker the client is connected to (any live one: a cluster's
+        brokers share the settings lastagent reads)."""
         from kafka.admin import ConfigResource, ConfigResourceType
 
-        admin = self._admin()
-        broker_id = str(admin.describe_cluster()["brokers"][0]["broker_id"])
-        res = admin.describe_configs([ConfigResource(ConfigResourceType.BROKER, broker_id, configs=[name])],
-                                     config_filter="all")
+        def ask(admin: Any) -> tuple[str, Any]:
+            # Each broker listed in turn: the first one of the list may be the one that is down.
+            failure: BaseException | None = None
+            for broker in admin.describe_cluster()["brokers"]:
+                broker_id = str(broker["broker_id"])
+                try:
+                    return broker_id, admin.describe_configs(
+                        [ConfigResource(ConfigResourceType.BROKER, broker_id, configs=[name])], config_filter="all")
+                except Exception as exc:  # noqa: BLE001 — the next broker is asked; the last failure is raised
+                    if not is_retriable(exc):
+                        raise
+                    failure = exc
+            raise failure or KafkaUnavailableError("the cluster listed no broker")
+
+        broker_id, res = self._wire.call(f"reading the broker setting {name}", ask)
         entry = res.get("broker", {}).get(broker_id, {}).get(name)
         if entry is None:
             # The broker leaves out what the principal may not describe, rather than refusing.
@@ -581,7 +599,8 @@ class KafkaXAResource:
         wanted = sorted(set(topics))
         if not wanted:
             return []
-        missing = [t for t in wanted if t not in set(self._admin().list_topics())]
+        missing = [t for t in wanted if t not in set(self._wire.call("listing the topics",
+                                                                       lambda admin: admin.list_topics()))]
         if missing and self._broker_config("auto.create.topics.enable").lower() == "true":
             return []
         return missing
@@ -600,38 +619,38 @@ class KafkaXAResource:
         if handle.read_only:
             return EndResult(handle, EndOutcome.NOTHING_TO_END)
         verb = "commit" if commit else "rollback"
-        deadline = time.monotonic() + self._end_deadline_s
-        delay = 0.02
-        while True:
-            try:
-                res = self._wire.end_txn(handle.transactional_id, handle.producer_id, handle.producer_epoch, commit)
-                error = res.error
-            except KafkaProtocolError as exc:
-                if not exc.retriable:
-                    raise  # denied or misconfigured: retrying cannot help
-                error = f"CONNECTION: {exc}"  # kafka-python reconnects; the coordinator may have moved
-            if error == "NONE":
-                return EndResult(handle, EndOutcome.COMMITTED if commit else EndOutcome.ROLLED_BACK)
-            if error in _GONE:
-                return self._explain_gone(handle, commit, error)
-            if time.monotonic() > deadline:
-                raise KafkaProtocolError(
-                    f"{verb} of branch {handle.transactional_id} (producer id {handle.producer_id}, "
-                    f"epoch {handle.producer_epoch}) still failing after {self._end_deadline_s:.0f}s: {error}",
-                    retriable=True,
-                )
-            if error not in _RETRIABLE and not error.startswith("CONNECTION"):
-                raise KafkaProtocolError(f"{verb} of branch {handle.transactional_id} failed: {error}")
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
+        what = (f"the {verb} of branch {handle.transactional_id} (producer id {handle.producer_id}, "
+                f"epoch {handle.producer_epoch})")
+
+        def end_txn(admin: Any) -> str:
+            answer = self._wire.end_txn(handle.transactional_id, handle.producer_id, handle.producer_epoch, commit,
+                                        admin=admin).error
+            if answer in _RETRIABLE:
+                raise KafkaProtocolError(f"EndTxn answered {answer}", retriable=True)
+            return answer
+
+        error = self._wire.call(what, end_txn)
+        if error == "NONE":
+            return EndResult(handle, EndOutcome.COMMITTED if commit else EndOutcome.ROLLED_BACK)
+        if error in _GONE:
+            return self._explain_gone(handle, commit, error)
+        raise KafkaProtocolError(f"{what} failed: {error}")
+
+    def _describe(self, transactional_ids: Sequence[str], what: str) -> dict[str, Any]:
+        """The broker's DescribeTransactions answer for the ids, retried through broker loss."""
+        ids = list(transactional_ids)
+        return self._wire.call(what, lambda admin: admin.describe_transactions(ids))
 
     def _explain_gone(self, handle: BranchHandle, commit: bool, error: str) -> EndResult:
-        """The handle no longer names the open transaction: find out how it ended."""
-        try:
-            desc = self._admin().describe_transactions([handle.transactional_id])[handle.transactional_id]
-            state, pid, epoch = desc.state.value, desc.producer_id, desc.producer_epoch
-        except Exception as exc:  # noqa: BLE001 — reported in detail; the outcome stays "not done"
-            state, pid, epoch = f"unknown ({exc})", -1, -1
+        """The handle no longer names the open transaction: find out how it ended.
+
+        Raises:
+            KafkaUnavailableError: the broker could not say within the budget; nothing is concluded
+                (the decided epoch stays to be completed by the next start).
+        """
+        desc = self._describe([handle.transactional_id], f"how branch {handle.transactional_id} ended")[
+            handle.transactional_id]
+        state, pid, epoch = desc.state.value, desc.producer_id, desc.producer_epoch
         detail = (f"EndTxn answered {error}; broker now reports {state} for producer id {pid} "
                   f"epoch {epoch} (branch had producer id {handle.producer_id} epoch {handle.producer_epoch})")
         ended = self._ended_as(handle, state, pid, epoch)
@@ -672,36 +691,24 @@ class KafkaXAResource:
             transaction's end (same producer id; epoch + 1 under transaction protocol 2);
             "open" when it is still open; "unknown" when the id has moved on to a newer one.
         """
-        desc = self._admin().describe_transactions([handle.transactional_id])[handle.transactional_id]
+        desc = self._describe([handle.transactional_id], f"how branch {handle.transactional_id} ended")[
+            handle.transactional_id]
         return self._ended_as(handle, desc.state.value, desc.producer_id, desc.producer_epoch)
 
     def open_of(self, handles: Iterable[BranchHandle]) -> list[OpenTransaction]:
         """The given branches that the broker still holds open as their handles name them. Driver.
 
-        One DescribeTransactions per coordinator; retriable answers (a coordinator loading or
-        moving) are retried within the end deadline. A branch missing from the answer is not open:
+        One DescribeTransactions per coordinator, retried through broker loss. A branch missing from the answer is not open:
         its transaction ended (committed, aborted, expired) or a newer producer of its id fenced it.
 
         Raises:
             KafkaProtocolError: the broker could not be asked within the deadline (nothing is decided).
         """
-        from kafka.errors import KafkaError as PyKafkaError
-
         wanted = [h for h in handles if not h.read_only]
         ids = sorted({h.transactional_id for h in wanted})
         if not ids:
             return []
-        deadline = time.monotonic() + self._end_deadline_s
-        while True:
-            try:
-                descs = self._admin().describe_transactions(ids)
-                break
-            except PyKafkaError as exc:
-                if not exc.retriable or time.monotonic() > deadline:
-                    raise explain(exc, f"describing the epoch's {len(ids)} prepared branch(es) before deciding") from None
-                for tid in ids:
-                    self._wire.forget_coordinator(tid)
-                time.sleep(0.2)
+        descs = self._describe(ids, f"the state of the epoch's {len(ids)} prepared branch(es) before deciding")
         out = []
         for h in wanted:
             d = descs.get(h.transactional_id)
@@ -737,16 +744,18 @@ class KafkaXAResource:
 
         Only ``Ongoing`` transactions are in doubt: one in PrepareCommit / PrepareAbort is
         already decided by its coordinator, which completes it on its own.
+
+        Every broker the cluster lists must answer (each coordinates a share of the transaction
+        log): while one is away but still listed, the listing is retried until the cluster moves
+        its share to the others or it comes back, within ``kafka.default.api.timeout.ms``; a
+        partial listing is never taken for the whole.
         """
-        admin = self._admin()
         self._require_describe(transactional_id_prefix)
-        listed = admin.list_transactions(state_filters=["Ongoing"])
-        ids = sorted({t.transactional_id for rows in listed.values() for t in rows
-                      if t.transactional_id.startswith(transactional_id_prefix)})
+        ids = self._listed(transactional_id_prefix, ["Ongoing"])
         if not ids:
             return []
         out = []
-        for tid, desc in sorted(admin.describe_transactions(ids).items()):
+        for tid, desc in sorted(self._describe(ids, f"the open transactions of '{transactional_id_prefix}*'").items()):
             if desc.state.value != "Ongoing":
                 continue  # ended between list and describe
             out.append(OpenTransaction(
@@ -762,9 +771,14 @@ class KafkaXAResource:
         The broker keeps an id (and its producer state) until ``transactional.id.expiration.ms``
         after its last transaction: what a link costs the brokers (tests and ``bench/epoch_cost.py`` count them).
         """
-        listed = self._admin().list_transactions()
+        return self._listed(transactional_id_prefix)
+
+    def _listed(self, prefix: str, states: Sequence[str] = ()) -> list[str]:
+        """The transactional ids with the prefix that every broker lists (in the given states)."""
+        listed = self._wire.call(f"listing the transactions of '{prefix}*' on every broker",
+                                 lambda admin: admin.list_transactions(state_filters=list(states) or None))
         return sorted({t.transactional_id for rows in listed.values() for t in rows
-                       if t.transactional_id.startswith(transactional_id_prefix)})
+                       if t.transactional_id.startswith(prefix)})
 
     def _require_describe(self, prefix: str) -> None:
         """Fails unless the principal may describe the prefix's transactional ids.
@@ -775,22 +789,13 @@ class KafkaXAResource:
         """
         from kafka.errors import KafkaError as PyKafkaError
 
-        deadline = time.monotonic() + self._end_deadline_s
-        while True:
-            try:
-                self._admin().describe_transactions([f"{prefix}access-check"])
-                return
-            except PyKafkaError as exc:
-                if getattr(exc, "message", "") == "TRANSACTIONAL_ID_NOT_FOUND":
-                    return
-                # A new cluster creates its transaction log on the first FindCoordinator.
-                if not exc.retriable or time.monotonic() > deadline:
-                    raise explain(exc, f"listing the open transactions of '{prefix}*'") from None
-                self._wire.forget_coordinator(f"{prefix}access-check")
-                time.sleep(0.2)
-
-    def _admin(self) -> Any:
-        return self._wire.admin
+        probe = f"{prefix}access-check"
+        try:
+            # A new cluster creates its transaction log on the first FindCoordinator: retried.
+            self._describe([probe], f"listing the open transactions of '{prefix}*'")
+        except PyKafkaError as exc:
+            if getattr(exc, "message", "") != "TRANSACTIONAL_ID_NOT_FOUND":
+                raise explain(exc, f"listing the open transactions of '{prefix}*'") from None
 
     def close(self) -> None:
         self._wire.close()

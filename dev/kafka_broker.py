@@ -11,6 +11,7 @@ Usage::
     python dev/kafka_broker.py down [--port 39092] [--dir ...]
     python dev/kafka_broker.py status
     python dev/kafka_broker.py up --secured [--port 39192] [--dir .cache/kafka/secured-39192]
+    python dev/kafka_broker.py up --cluster [--port 39300] [--dir .cache/kafka/cluster-39300]
 
 ``up`` and ``down`` are idempotent.
 
@@ -18,6 +19,10 @@ Usage::
 TLS from a throw-away PKI that ``dev/tls.py`` makes in ``<dir>/pki``), with ACLs enforced: see
 ``SECURED_PROPERTIES`` and ``USERS``. It uses three ports: the client port, the controller's
 (+1) and the inter-broker one (+2).
+
+``--cluster`` starts a replicated cluster of three nodes (:class:`Cluster`): replication factor 3
+for every topic and the internal ones, ``min.insync.replicas=2``; node n on ports base+2(n-1) and
+the one above.
 """
 
 from __future__ import annotations
@@ -44,25 +49,30 @@ DEFAULT_SECURED_PORT = int(os.environ.get("LASTAGENT_SECURED_KAFKA_PORT", "39192
 # decided epoch long after a crash, so the ceiling is raised to one hour (issue #2).
 TRANSACTION_MAX_TIMEOUT_MS = 3_600_000
 
-# What every broker here has, secured or not: one KRaft node, settings fit for transactions.
+# What every broker here has, secured or not, alone or in a cluster: KRaft nodes that are broker and
+# controller at once, settings fit for transactions. Alone: one node, replication factor 1. In the
+# replicated cluster (CLUSTER_NODES nodes): every topic, the offsets topic and the transaction log on
+# every node, min.insync.replicas 2, as production clusters run them.
 COMMON_PROPERTIES = """\
 process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@127.0.0.1:{controller_port}
+node.id={node_id}
+controller.quorum.voters={voters}
 controller.listener.names=CONTROLLER
 log.dirs={log_dir}
 num.partitions=1
 auto.create.topics.enable=false
-offsets.topic.replication.factor=1
+default.replication.factor={replicas}
+min.insync.replicas={min_isr}
+offsets.topic.replication.factor={replicas}
 offsets.topic.num.partitions=4
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
+transaction.state.log.replication.factor={replicas}
+transaction.state.log.min.isr={min_isr}
 transaction.state.log.num.partitions=4
 transaction.max.timeout.ms={txn_max}
 # Expire timed-out transactions promptly, so expiry (a hazard the protocol must surface) is testable.
 transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.replication.factor={replicas}
+share.coordinator.state.topic.min.isr={min_isr}
 group.initial.rebalance.delay.ms=0
 log.retention.check.interval.ms=1000
 log.cleaner.backoff.ms=1000
@@ -212,8 +222,11 @@ def secured_pki(workdir: Path) -> dict[str, Path]:
     return _tls().make_pki(pki_dir(workdir))
 
 
-def _server_properties(port: int, log_dir: Path, workdir: Path, secured: bool) -> str:
-    shared = {"port": port, "controller_port": port + 1, "log_dir": log_dir, "txn_max": TRANSACTION_MAX_TIMEOUT_MS}
+def _server_properties(port: int, log_dir: Path, workdir: Path, secured: bool, *, node_id: int = 1,
+                       voters: str | None = None, replicas: int = 1, min_isr: int = 1) -> str:
+    shared = {"port": port, "controller_port": port + 1, "log_dir": log_dir, "txn_max": TRANSACTION_MAX_TIMEOUT_MS,
+              "node_id": node_id, "voters": voters or f"{node_id}@127.0.0.1:{port + 1}", "replicas": replicas,
+              "min_isr": min_isr}
     if not secured:
         return SERVER_PROPERTIES.format(**shared)
     tls = _tls()
@@ -237,6 +250,65 @@ def new_cluster_id() -> str:
             return cluster_id
 
 
+def _refuse_taken(ports: list[int], hint: str) -> None:
+    for taken in ports:
+        if answers(taken):
+            raise BrokerError(f"port {taken} on 127.0.0.1 is taken by a process this script did not start; "
+                              f"stop it or choose another port with {hint}")
+
+
+def _configure(workdir: Path, properties: str, cluster_id: str, extra_format_args: list[str] = ()) -> None:
+    """Writes a node's server.properties and log4j settings; formats its log dir once."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    props = workdir / "server.properties"
+    log4j = workdir / "log4j2.properties"
+    props.write_text(properties)
+    log4j.write_text(LOG4J2.format(log_file=workdir / "server.log"))
+    if (workdir / "data" / "meta.properties").exists():
+        return
+    fmt = subprocess.run(
+        _java("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(props),
+              "--ignore-formatted", *extra_format_args, log4j=log4j),
+        capture_output=True, text=True,
+    )
+    if fmt.returncode != 0:
+        raise BrokerError(f"formatting the KRaft log dir {workdir / 'data'} failed:\n{fmt.stdout}{fmt.stderr}")
+
+
+class _Starting:
+    """A node's JVM, launched; :meth:`wait` returns once the node says it started."""
+
+    def __init__(self, workdir: Path, port: int) -> None:
+        self.workdir, self.port = workdir, port
+        self.server_log = workdir / "server.log"
+        # The log is appended across restarts: only what this start writes counts.
+        self.offset = self.server_log.stat().st_size if self.server_log.exists() else 0
+        with open(workdir / "stdout.log", "ab") as out:
+            self.proc = subprocess.Popen(
+                _java("kafka.Kafka", str(workdir / "server.properties"), log4j=workdir / "log4j2.properties"),
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,  # outlives the caller (make kafka-up) until kafka-down
+            )
+        (workdir / "broker.pid").write_text(f"{self.proc.pid}\n")
+
+    def started(self) -> bool:
+        if self.proc.poll() is not None:
+            raise BrokerError(f"the broker exited with code {self.proc.returncode}; see {self.server_log} "
+                              f"and {self.workdir / 'stdout.log'}")
+        if not self.server_log.exists() or not answers(self.port):
+            return False
+        with open(self.server_log, "rb") as f:
+            f.seek(self.offset)
+            return b"Kafka Server started" in f.read()
+
+    def wait(self, deadline: float) -> None:
+        while not self.started():
+            if time.monotonic() > deadline:
+                pidfile.stop(self.workdir / "broker.pid")
+                raise BrokerError(f"the broker did not start in time; see {self.server_log}")
+            time.sleep(0.3)
+
+
 def up(port: int = DEFAULT_PORT, workdir: Path | None = None, wait_s: float = 120.0, *, secured: bool = False) -> str:
     """Starts the broker unless it already runs; returns its bootstrap servers string.
 
@@ -254,53 +326,17 @@ def up(port: int = DEFAULT_PORT, workdir: Path | None = None, wait_s: float = 12
         raise BrokerError(f"{workdir} holds a {formatted} broker, not a {mode} one; use another --dir")
     if _read_pid(workdir) and answers(port):
         return bootstrap
-    for taken in [port, port + 1] + ([port + 2] if secured else []):
-        if answers(taken):
-            raise BrokerError(
-                f"port {taken} on 127.0.0.1 is taken by a process this script did not start; "
-                "stop it or choose another port with --port (LASTAGENT_KAFKA_PORT, LASTAGENT_SECURED_KAFKA_PORT)"
-            )
+    _refuse_taken([port, port + 1] + ([port + 2] if secured else []),
+                  "--port (LASTAGENT_KAFKA_PORT, LASTAGENT_SECURED_KAFKA_PORT)")
     resolve_jars()
-    workdir.mkdir(parents=True, exist_ok=True)
-    log_dir = workdir / "data"
-    props = workdir / "server.properties"
-    log4j = workdir / "log4j2.properties"
-    server_log = workdir / "server.log"
-    props.write_text(_server_properties(port, log_dir, workdir, secured))
-    log4j.write_text(LOG4J2.format(log_file=server_log))
-    if not (log_dir / "meta.properties").exists():
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-        # SCRAM credentials go into the bootstrap metadata: the broker authenticates inter-broker
-        # traffic with them before any client could have created them.
-        scram = [a for name, password in USERS.items() for a in ("--add-scram", f"SCRAM-SHA-512=[name={name},password={password}]")]
-        fmt = subprocess.run(
-            _java("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(props),
-                  "--ignore-formatted", *(scram if secured else []), log4j=log4j),
-            capture_output=True, text=True,
-        )
-        if fmt.returncode != 0:
-            raise BrokerError(f"formatting the KRaft log dir failed:\n{fmt.stdout}{fmt.stderr}")
-        mode_file.write_text(f"{mode}\n")
-    with open(workdir / "stdout.log", "ab") as out:
-        proc = subprocess.Popen(
-            _java("kafka.Kafka", str(props), log4j=log4j),
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,  # outlives the caller (make kafka-up) until kafka-down
-        )
-    (workdir / "broker.pid").write_text(f"{proc.pid}\n")
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise BrokerError(
-                f"the broker exited with code {proc.returncode}; see {server_log} and {workdir / 'stdout.log'}"
-            )
-        if answers(port) and server_log.exists() and "Kafka Server started" in server_log.read_text(
-            errors="replace"
-        ):
-            return bootstrap
-        time.sleep(0.3)
-    down(port, workdir)
-    raise BrokerError(f"the broker did not start within {wait_s:.0f}s; see {server_log}")
+    # SCRAM credentials go into the bootstrap metadata: the broker authenticates inter-broker
+    # traffic with them before any client could have created them.
+    scram = [a for name, password in USERS.items() for a in ("--add-scram", f"SCRAM-SHA-512=[name={name},password={password}]")]
+    _configure(workdir, _server_properties(port, workdir / "data", workdir, secured), new_cluster_id(),
+               scram if secured else [])
+    mode_file.write_text(f"{mode}\n")
+    _Starting(workdir, port).wait(time.monotonic() + wait_s)
+    return bootstrap
 
 
 def down(port: int = DEFAULT_PORT, workdir: Path | None = None, wait_s: float = 30.0) -> None:
@@ -313,14 +349,101 @@ def kill(port: int = DEFAULT_PORT, workdir: Path | None = None) -> None:
     pidfile.kill(Path(workdir or CACHE / "kafka" / str(port)) / "broker.pid")
 
 
+# --- a replicated cluster ----------------------------------------------------------------------
+
+CLUSTER_NODES = 3
+DEFAULT_CLUSTER_PORT = int(os.environ.get("LASTAGENT_KAFKA_CLUSTER_PORT", "39300"))
+
+
+class Cluster:
+    """A replicated KRaft cluster on 127.0.0.1: ``nodes`` nodes, each a broker and a controller voter.
+
+    Node ``n`` (1-based) serves clients on ``base_port + 2(n-1)`` and its controller on the port
+    above; its log dir, pid file and logs are in ``workdir/node-<n>``. Every topic, the offsets topic
+    and the transaction log have a replica on every node, ``min.insync.replicas`` is 2: one node can
+    be away with every write still accepted; with two away the controller quorum and the in-sync
+    replicas are both short. Stop a node cleanly (:meth:`stop`: a controlled shutdown that moves its
+    leaderships first) or SIGKILL it (:meth:`kill`); :meth:`start` brings it back with its log dir.
+    """
+
+    def __init__(self, base_port: int = DEFAULT_CLUSTER_PORT, workdir: Path | None = None,
+                 nodes: int = CLUSTER_NODES) -> None:
+        self.base_port = base_port
+        self.workdir = Path(workdir or CACHE / "kafka" / f"cluster-{base_port}")
+        self.nodes = list(range(1, nodes + 1))
+
+    def port(self, node: int) -> int:
+        """Node ``node``'s client port."""
+        return self.base_port + 2 * (node - 1)
+
+    def node_dir(self, node: int) -> Path:
+        return self.workdir / f"node-{node}"
+
+    @property
+    def bootstrap(self) -> str:
+        """Every node's client address, as users give a cluster to their clients."""
+        return ",".join(f"127.0.0.1:{self.port(n)}" for n in self.nodes)
+
+    def running(self, node: int) -> bool:
+        return pidfile.read_pid(self.node_dir(node) / "broker.pid") is not None and answers(self.port(node))
+
+    def _properties(self, node: int) -> str:
+        voters = ",".join(f"{n}@127.0.0.1:{self.port(n) + 1}" for n in self.nodes)
+        return _server_properties(self.port(node), self.node_dir(node) / "data", self.node_dir(node), False,
+                                  node_id=node, voters=voters, replicas=len(self.nodes), min_isr=min(2, len(self.nodes)))
+
+    def up(self, wait_s: float = 180.0) -> str:
+        """Formats (once, one cluster id for all) and starts every node not running; returns the bootstrap string."""
+        resolve_jars()
+        id_file = self.workdir / "cluster.id"
+        if not id_file.exists():
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            id_file.write_text(new_cluster_id() + "\n")
+        cluster_id = id_file.read_text().strip()
+        starting = []
+        for node in self.nodes:
+            if self.running(node):
+                continue
+            _refuse_taken([self.port(node), self.port(node) + 1], "--port (LASTAGENT_KAFKA_CLUSTER_PORT)")
+            _configure(self.node_dir(node), self._properties(node), cluster_id)
+            starting.append(_Starting(self.node_dir(node), self.port(node)))
+        # The nodes elect a controller among themselves: all are launched before any is waited for.
+        deadline = time.monotonic() + wait_s
+        for node in starting:
+            node.wait(deadline)
+        return self.bootstrap
+
+    def start(self, node: int, wait_s: float = 180.0) -> None:
+        """Starts one node again (after :meth:`stop` or :meth:`kill`), waiting until it serves."""
+        if not self.running(node):
+            _Starting(self.node_dir(node), self.port(node)).wait(time.monotonic() + wait_s)
+
+    def stop(self, node: int, wait_s: float = 120.0) -> None:
+        """A clean shutdown of one node (SIGTERM: controlled shutdown), SIGKILL only after ``wait_s``."""
+        pidfile.stop(self.node_dir(node) / "broker.pid", wait_s)
+
+    def kill(self, node: int) -> None:
+        """SIGKILLs one node; its log dir stays for :meth:`start`."""
+        pidfile.kill(self.node_dir(node) / "broker.pid")
+
+    def down(self) -> None:
+        for node in self.nodes:
+            self.stop(node, 60.0)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=["up", "down", "status", "resolve"])
     parser.add_argument("--secured", action="store_true",
                         help=f"SASL_SSL + ACLs; default port LASTAGENT_SECURED_KAFKA_PORT or {DEFAULT_SECURED_PORT}")
+    parser.add_argument("--cluster", action="store_true",
+                        help=f"a replicated {CLUSTER_NODES}-node cluster; base port LASTAGENT_KAFKA_CLUSTER_PORT "
+                             f"or {DEFAULT_CLUSTER_PORT}")
     parser.add_argument("--port", type=int, default=None)
     parser.add_argument("--dir", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.cluster:
+        return _cluster_main(args)
     port = args.port or (DEFAULT_SECURED_PORT if args.secured else DEFAULT_PORT)
     workdir = args.dir or CACHE / "kafka" / (f"secured-{port}" if args.secured else str(port))
     try:
@@ -340,6 +463,28 @@ def main(argv: list[str] | None = None) -> int:
             running = pid is not None and answers(port)
             print(f"kafka: {'running, pid ' + str(pid) if running else 'not running'} on 127.0.0.1:{port}")
             return 0 if running else 1
+    except BrokerError as exc:
+        print(f"kafka: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cluster_main(args: argparse.Namespace) -> int:
+    cluster = Cluster(args.port or DEFAULT_CLUSTER_PORT, args.dir)
+    try:
+        if args.command == "resolve":
+            print(f"kafka: jars in {resolve_jars()}")
+        elif args.command == "up":
+            print(f"kafka: cluster answers at {cluster.up()} ({len(cluster.nodes)} nodes, replication factor "
+                  f"{len(cluster.nodes)}, min.insync.replicas 2; logs in {cluster.workdir}/node-<n>)")
+        elif args.command == "down":
+            cluster.down()
+            print("kafka: cluster stopped")
+        else:
+            states = {n: cluster.running(n) for n in cluster.nodes}
+            for node, running in states.items():
+                print(f"kafka: node {node} {'running' if running else 'not running'} on 127.0.0.1:{cluster.port(node)}")
+            return 0 if all(states.values()) else 1
     except BrokerError as exc:
         print(f"kafka: {exc}", file=sys.stderr)
         return 1

@@ -19,11 +19,12 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from lastagent.kafka_config import access_hint, as_librdkafka_strings
+from lastagent.kafka_retry import is_retriable, retried
 from lastagent.errors import DataLossError, KafkaProtocolError, OptionError
 from lastagent.sources.kafka_source_options import KafkaSourceOptions
 
@@ -163,19 +164,30 @@ class OffsetReader:
         if access_hint(err.name()) is not None:
             self._login_error = err
 
-    def _wait(self, futures: dict, what: str) -> dict:
+    def _wait(self, submit: Callable[[], dict], what: str) -> dict:
+        """Submits an admin request (``submit()`` returns its futures) and waits for every answer.
+
+        Retried through broker loss (a leader or the group coordinator moving, a broker restarting)
+        within ``kafka.default.api.timeout.ms`` (:func:`lastagent.kafka_retry.retried`).
+        """
         from confluent_kafka import KafkaException
 
-        out = {}
-        for key, fut in futures.items():
-            try:
-                out[key] = fut.result(timeout=self.timeout)
-            except KafkaException as e:
-                raise KafkaProtocolError(f"{what} failed for {key}: {_kafka_error(e)}", retriable=True) from e
-        return out
+        def once() -> dict:
+            out = {}
+            for key, fut in submit().items():
+                try:
+                    out[key] = fut.result(timeout=self.timeout)
+                except KafkaException as e:
+                    raise KafkaProtocolError(f"{_kafka_error(e)} ({what}, {key})", retriable=is_retriable(e)) from e
+            return out
+
+        return retried(once, what, self.options.api_timeout_ms)
 
     def topics(self) -> dict[str, int]:
         """Topic → partition count of every topic the broker reports (internal ones excluded)."""
+        return retried(self._topics, "reading the topics' metadata", self.options.api_timeout_ms)
+
+    def _topics(self) -> dict[str, int]:
         from confluent_kafka import KafkaException
 
         try:
@@ -189,6 +201,12 @@ class OffsetReader:
                               f"no Kafka broker answered at {self.options.bootstrap_servers} within "
                               f"{self.options.api_timeout_ms} ms (kafka.default.api.timeout.ms): {_kafka_error(e)}; "
                               "check host:port and that the broker is running") from None
+        # A topic whose metadata the cluster cannot give for the moment (its leaders moving) is not
+        # a topic that vanished: ask again rather than read it as deleted partitions.
+        unsettled = [f"{name}: {t.error.str()} ({t.error.name()})" for name, t in md.topics.items()
+                     if t.error is not None and is_retriable(KafkaException(t.error))]
+        if unsettled:
+            raise KafkaProtocolError("; ".join(unsettled) + " (reading the topics' metadata)", retriable=True)
         return {name: len(t.partitions) for name, t in md.topics.items()
                 if t.error is None and not name.startswith("__")}
 
@@ -227,9 +245,9 @@ class OffsetReader:
         if not specs:
             return {}
         level = IsolationLevel.READ_COMMITTED if self.options.read_committed else IsolationLevel.READ_UNCOMMITTED
-        futures = self.admin.list_offsets({TopicPartition(t, p): s for (t, p), s in specs.items()},
-                                          isolation_level=level, request_timeout=self.timeout)
-        done = self._wait(futures, "list offsets")
+        request = {TopicPartition(t, p): s for (t, p), s in specs.items()}
+        done = self._wait(lambda: self.admin.list_offsets(request, isolation_level=level, request_timeout=self.timeout),
+                          "listing offsets")
         return {(tp.topic, tp.partition): info.offset for tp, info in done.items()}
 
     def earliest(self, tps: Iterable[TP]) -> dict[TP, int]:
@@ -294,8 +312,8 @@ class OffsetReader:
 
         group = self._group()
         request = [ConsumerGroupTopicPartitions(group, [TopicPartition(t, p) for t, p in tps])]
-        result = self._wait(self.admin.list_consumer_group_offsets(request, request_timeout=self.timeout),
-                            "fetch group offsets")[group]
+        result = self._wait(lambda: self.admin.list_consumer_group_offsets(request, request_timeout=self.timeout),
+                            "fetching group offsets")[group]
         return {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions if tp.offset >= 0}
 
     def commit_group(self, offsets: Mapping[TP, int]) -> None:
@@ -304,8 +322,8 @@ class OffsetReader:
 
         group = self._group()
         request = [ConsumerGroupTopicPartitions(group, [TopicPartition(t, p, o) for (t, p), o in offsets.items()])]
-        self._wait(self.admin.alter_consumer_group_offsets(request, request_timeout=self.timeout),
-                   "commit group offsets")
+        self._wait(lambda: self.admin.alter_consumer_group_offsets(request, request_timeout=self.timeout),
+                   "committing group offsets")
 
 
 #: Group-coordinator answers that pass once the coordinator has settled (a new broker, a moved group).
