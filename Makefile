@@ -15,7 +15,7 @@ LOG       := .cache/setup.log
 # cargo built before (a fresh build of librdkafka, Arrow and PyO3 takes about 2 minutes).
 export CARGO_TARGET_DIR := $(CURDIR)/.cache/cargo-target
 
-.PHONY: setup run test test-unit test-integration test-chaos test-chaos-full test-wheel test-cluster test-connect test-notebook test-soak soak lint kafka-up kafka-down kafka-up-secured kafka-down-secured s3-up s3-down bench clean docs
+.PHONY: setup run test test-unit test-integration test-chaos test-chaos-full test-wheel test-cluster test-kafka-cluster test-connect test-notebook test-soak soak lint kafka-up kafka-down kafka-up-secured kafka-down-secured kafka-up-cluster kafka-down-cluster s3-up s3-down bench clean docs
 
 setup: $(VENV)/.installed .cache/kafka/jars/.complete .cache/spark/jars/.complete .cache/s3/jars/.complete \
        .cache/spark/s3a-jars/.complete
@@ -65,6 +65,14 @@ kafka-up-secured: .cache/kafka/jars/.complete
 kafka-down-secured:
 	@$(PY) dev/kafka_broker.py down --secured
 
+# A replicated cluster: 3 KRaft nodes (broker + controller) on LASTAGENT_KAFKA_CLUSTER_PORT (default 39300)
+# and the five ports above it; replication factor 3 everywhere, min.insync.replicas=2; .cache/kafka/cluster-<port>.
+kafka-up-cluster: .cache/kafka/jars/.complete
+	@$(PY) dev/kafka_broker.py up --cluster
+
+kafka-down-cluster:
+	@$(PY) dev/kafka_broker.py down --cluster
+
 # An S3-compatible server (s3proxy, filesystem backend) on LASTAGENT_S3_PORT (default 39900), path-style,
 # bound to 127.0.0.1; keys in dev/s3_server.py (ACCESS_KEY, SECRET_KEY); objects in .cache/s3/<port>/data.
 S3_BUCKETS ?= lastagent
@@ -77,10 +85,10 @@ s3-down:
 run: setup kafka-up
 	@$(PYTHON) dev/demo.py
 
-# Every tier but the cluster tier and the soak (make test-cluster, make test-soak): with them the run
-# would pass its 40-minute budget on a 2-core machine (the cluster tier alone takes about 4.5 minutes).
+# Every tier but the two cluster tiers and the soak (make test-cluster, make test-kafka-cluster, make
+# test-soak): with them the run would pass its 40-minute budget on a 2-core machine.
 test: setup lint
-	$(PYTEST) tests -m "not soak and not cluster"
+	$(PYTEST) tests -m "not soak and not cluster and not kafka_cluster"
 
 # Zero findings: ruff on the tree, mypy on the package as installed (py.typed).
 lint: setup
@@ -107,6 +115,11 @@ test-wheel: setup
 # A Spark standalone cluster (master + two workers on 127.0.0.1): the three links, a driver and a worker killed.
 test-cluster: setup
 	$(PYTEST) tests/cluster
+
+# A replicated 3-node Kafka cluster losing brokers (rolling restart, coordinator SIGKILLed) under the three
+# running links: no query fails, every record once (tests/kafka_cluster; about 10 minutes).
+test-kafka-cluster: setup
+	$(PYTEST) tests/kafka_cluster
 
 # A Spark Connect server and Connect clients (subprocesses): source, both sinks, recovery after a server kill.
 test-connect: setup

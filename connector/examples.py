@@ -9,6 +9,8 @@ DEAD_LETTERS SIDE [PER_TRIGGER]`` runs the three links as three queries of one a
 demo kills and restarts them; the crash tests run them with a crash hook installed.
 ``python -m lastagent.examples groups-driver BOOTSTRAP TOPIC TABLE CHECKPOINT LINK DEAD_LETTER_TABLE STOP_FILE
 METRICS_FILE`` runs Kafka → reliable groups → ``lastagent-delta`` until ``STOP_FILE`` exists.
+``LASTAGENT_RUN_UNTIL`` names a file: the pipelines then run every second until it exists, then drain
+their sources and stop (the broker-loss tests feed them meanwhile).
 ``LASTAGENT_SPARK_MASTER`` and ``LASTAGENT_SPARK_CONF`` (``key=value;key=value``) shape the session;
 ``LASTAGENT_KAFKA_CONFIG`` names a properties file of Kafka client settings (a secured cluster's
 ``security.protocol``, ``sasl.jaas.config``, stores) given to every Kafka reader and writer as ``kafka.*``;
@@ -62,10 +64,31 @@ def _session(name: str) -> Any:
     return spark
 
 
+def _trigger(writer: Any) -> Any:
+    """``availableNow`` (run to the source's end), or a micro-batch every second while
+    ``LASTAGENT_RUN_UNTIL`` names a file that does not exist yet (:func:`_run`)."""
+    if os.environ.get("LASTAGENT_RUN_UNTIL"):
+        return writer.trigger(processingTime="1 second")
+    return writer.trigger(availableNow=True)
+
+
 def _run(name: str, *queries: Callable[[Any], Any]) -> int:
-    """Starts each query in one session and waits for every one to end (availableNow)."""
+    """Starts each query in one session and waits for every one to end (availableNow).
+
+    With ``LASTAGENT_RUN_UNTIL`` the queries run until that file exists, then each processes what
+    its source holds and stops; a query that fails before ends the program with its error.
+    """
     spark = _session(name)
-    for query in [start(spark) for start in queries]:
+    started = [start(spark) for start in queries]
+    until = os.environ.get("LASTAGENT_RUN_UNTIL")
+    if until:
+        while not os.path.exists(until):
+            for query in started:
+                query.awaitTermination(0.2)  # raises the query's error if it failed
+        for query in started:
+            query.processAllAvailable()
+            query.stop()
+    for query in started:
         query.awaitTermination()
     spark.stop()
     return 0
@@ -73,7 +96,7 @@ def _run(name: str, *queries: Callable[[Any], Any]) -> int:
 
 def _to_lastagent_kafka(rows: Any, bootstrap: str, checkpoint: str, arbitration: str, link: str, topic: str) -> Any:
     """Starts ``rows`` (key, value) into ``lastagent-kafka`` until the source's end; the started query."""
-    return (
+    return _trigger(
         rows.writeStream.format("lastagent-kafka")
         .options(**_kafka_options())
         .options(**_storage_options())
@@ -82,9 +105,7 @@ def _to_lastagent_kafka(rows: Any, bootstrap: str, checkpoint: str, arbitration:
         .option("link", link)
         .option("arbitrationTable", arbitration)
         .option("checkpointLocation", checkpoint)
-        .trigger(availableNow=True)
-        .start()
-    )
+    ).start()
 
 
 def delta_to_kafka(spark: Any, bootstrap: str, source: str, checkpoint: str, arbitration: str, link: str,
@@ -117,7 +138,7 @@ def kafka_to_delta(spark: Any, bootstrap: str, topic: str, table: str, checkpoin
     Dead letters and follow-up messages (side topic) are committed in the same epoch as the table.
     An empty ``dead_letters`` topic with a ``dead_letter_table`` sends dead letters to that table.
     """
-    return (
+    return _trigger(
         spark.readStream.format("lastagent-kafka")
         .options(**_kafka_options())
         .option("kafka.bootstrap.servers", bootstrap)
@@ -136,9 +157,7 @@ def kafka_to_delta(spark: Any, bootstrap: str, topic: str, table: str, checkpoin
         .option("sideTopics", side)
         .options(**_kafka_options())
         .option("kafka.bootstrap.servers", bootstrap)
-        .trigger(availableNow=True)
-        .start(table)
-    )
+    ).start(table)
 
 
 def sink_driver(*args: str) -> int:

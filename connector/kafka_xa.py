@@ -575,7 +575,8 @@ class KafkaXAResource:
         def ask(admin: Any) -> tuple[str, Any]:
             # Each broker listed in turn: the first one of the list may be the one that is down.
             failure: BaseException | None = None
-            for broker in admin.describe_cluster()["brokers"]:
+            # Fenced brokers (away, or not yet caught up) last.
+            for broker in sorted(admin.describe_cluster()["brokers"], key=lambda b: bool(b.get("is_fenced"))):
                 broker_id = str(broker["broker_id"])
                 try:
                     return broker_id, admin.describe_configs(

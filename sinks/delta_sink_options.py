@@ -76,6 +76,11 @@ DELTA_SINK_OPTIONS = OptionTable([
            "An epoch with side outputs is decided only while each branch has a quarter of this (at most 2 "
            "minutes) left; a longer epoch is rolled back and the query stops (EpochNotDecidedError).",
            minimum=1000),
+    Option("kafka.default.api.timeout.ms", "integer", "60000",
+           "How long one Kafka request of the driver or a task (ending or describing a branch, listing the link's "
+           "transactions, reading topics and broker settings) keeps retrying through broker loss: a node restarting, "
+           "the coordinator or a leader moving, too few in-sync replicas. Then the query fails with "
+           "KafkaUnavailableError, naming the broker's condition (the Java client's setting).", minimum=1),
     Option("phase2Parallelism", "integer", "8", "Kafka branches committed in parallel after the Delta commit.",
            minimum=1),
 ], exempt_prefixes=("kafka.", "storage."), others="kafka.* producer settings and storage.* settings (docs/storage.md)")

@@ -43,6 +43,11 @@ SINK_OPTIONS = OptionTable([
            "is decided only while each of its branches has a quarter of this (at most 2 minutes) left; a longer "
            "epoch is rolled back and the query stops (EpochNotDecidedError), to be replayed on restart.",
            minimum=1000),
+    Option("kafka.default.api.timeout.ms", "integer", "60000",
+           "How long one Kafka request of the driver or a task (ending or describing a branch, listing the link's "
+           "transactions, reading topics and broker settings) keeps retrying through broker loss: a node restarting, "
+           "the coordinator or a leader moving, too few in-sync replicas. Then the query fails with "
+           "KafkaUnavailableError, naming the broker's condition (the Java client's setting).", minimum=1),
     Option("arbitrationRetentionEpochs", "integer", "100", "Confirmed epochs kept in the arbitration table before "
                                                            "cleanup.", minimum=0),
     Option("arbitrationCleanupEvery", "integer", "50", "Run arbitration cleanup and compaction every N epochs.",

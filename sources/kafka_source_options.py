@@ -68,8 +68,10 @@ SOURCE_OPTIONS = OptionTable([
     Option("includeHeaders", "boolean", "false", "Add the 'headers' column: array<struct<key:string, value:binary>>."),
     Option("kafkaConsumer.pollTimeoutMs", "integer", "120000", "How long a task waits for records it knows exist "
                                                                "before failing.", minimum=1),
-    Option("kafka.default.api.timeout.ms", "integer", "60000", "Timeout of the driver's metadata and offset requests; "
-                                                               "an unreachable broker fails the query after this.",
+    Option("kafka.default.api.timeout.ms", "integer", "60000", "How long one of the driver's metadata and offset "
+                                                               "requests keeps retrying through broker loss (a leader "
+                                                               "or the group coordinator moving, a node restarting); "
+                                                               "an unreachable cluster fails the query after this.",
            minimum=1),
     Option("kafka.isolation.level", "choice", "read_committed",
            "read_committed skips records of aborted transactions and never reads past an open one; read_uncommitted "

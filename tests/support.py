@@ -142,3 +142,36 @@ def orders_topic(admin: Any, bootstrap: str, rows: int, poison: set[int]) -> str
         producer.produce(topic, key=str(i).encode(), value=value.encode(), partition=i % 2)
     assert producer.flush(30) == 0
     return topic
+
+
+# --- a replicated Kafka cluster (tests/kafka_cluster) ---------------------------------------------
+
+
+def cluster_admin(bootstrap: str) -> Any:
+    from kafka.admin import KafkaAdminClient
+
+    return KafkaAdminClient(bootstrap_servers=bootstrap, client_id="lastagent-cluster-tests", request_timeout_ms=10_000)
+
+
+def in_sync(cluster: Any, timeout_s: float = 240.0) -> None:
+    """Waits until every node runs, the cluster lists every broker and every partition (the internal
+    topics' too) has all its replicas in sync: what an operator waits for between two restarts."""
+    deadline = time.monotonic() + timeout_s
+    last = "no answer yet"
+    while time.monotonic() < deadline:
+        try:
+            admin = cluster_admin(cluster.bootstrap)
+            try:
+                brokers = {b["broker_id"] for b in admin.describe_cluster()["brokers"] if not b.get("is_fenced")}
+                lagging = [f"{t['name']}-{p['partition_index']} isr {sorted(p['isr_nodes'])}"
+                           for t in admin.describe_topics() for p in t["partitions"]
+                           if sorted(p["isr_nodes"]) != sorted(p["replica_nodes"])]
+            finally:
+                admin.close()
+            if brokers == set(cluster.nodes) and not lagging:
+                return
+            last = f"brokers {sorted(brokers)}, out of sync: {lagging[:5]}"
+        except Exception as exc:  # noqa: BLE001 — a node may still be starting; asked again until the deadline
+            last = f"{type(exc).__name__}: {exc}"
+        time.sleep(1)
+    raise AssertionError(f"the cluster did not get back in sync within {timeout_s:.0f}s: {last}")

@@ -1,0 +1,209 @@
+"""The three links keep running while the replicated cluster loses brokers, as production clusters do.
+
+One application (``python -m lastagent.examples links-driver``, every second until a stop file) runs
+Delta → ``lastagent-kafka``, Kafka → ``lastagent-kafka`` and Kafka → transformer → ``lastagent-delta``
+(dead letters and a side topic in the same epochs) against the 3-node cluster, while a feeder keeps
+adding orders to the source topic and rows to the source table. Meanwhile the harness
+
+1. restarts every node in turn, cleanly (controlled shutdown), each back and every partition in sync
+   before the next: a rolling restart;
+2. SIGKILLs the node that coordinates the most open transactions of the links, mid-epoch, and starts
+   it again 15 s later.
+
+No query may fail (the driver exits 0 after draining). Then every record is there once, read back by
+an independent read_committed consumer and by Spark's Delta reader, no transaction of any link is
+open and ``lastagent status`` is clean for each link.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import support
+from support import in_sync, read_committed
+
+from lastagent.kafka_xa import KafkaXAResource
+
+pytestmark = pytest.mark.kafka_cluster
+
+LINKS = ("sink", "copy", "delta")
+PER_TRIGGER = "50"
+POISON_EVERY = 97  # every 97th order is poison: a dead letter
+
+
+class Feeder:
+    """Adds orders to the source topic and rows to the source table until stopped; remembers what it added.
+
+    The producer is idempotent with acks=all and a long delivery timeout, as a production producer rides
+    through a broker loss; a record whose delivery failed would be reported in ``failed``.
+    """
+
+    def __init__(self, bootstrap: str, topic: str, table: str) -> None:
+        from confluent_kafka import Producer
+
+        self.topic, self.table = topic, table
+        self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+                                  "message.timeout.ms": 300_000})
+        self.orders: list[int] = []
+        self.failed: list[str] = []
+        self.rows = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _report(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self.failed.append(f"{msg.key()}: {err}")
+
+    def add_orders(self, count: int) -> None:
+        for _ in range(count):
+            i = len(self.orders)
+            value = f"poison-{i}" if i % POISON_EVERY == POISON_EVERY - 1 else f"order-1-{i}"
+            self.producer.produce(self.topic, key=str(i).encode(), value=value.encode(), partition=i % 2,
+                                  on_delivery=self._report)
+            self.orders.append(i)
+        self.producer.poll(0)
+
+    def add_rows(self, count: int) -> None:
+        from deltalake import write_deltalake
+
+        ids = range(self.rows, self.rows + count)
+        write_deltalake(self.table, pa.table({"key": [str(i) for i in ids], "value": [str(i) for i in ids]}),
+                        mode="append")
+        self.rows += count
+
+    def _run(self) -> None:
+        tick = 0
+        while not self._stop.wait(0.25):
+            self.add_orders(5)
+            tick += 1
+            if tick % 8 == 0:
+                self.add_rows(10)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        assert self.producer.flush(300) == 0, "the feeder's producer did not deliver everything"
+
+    @property
+    def good(self) -> list[int]:
+        return [i for i in self.orders if i % POISON_EVERY != POISON_EVERY - 1]
+
+    @property
+    def poison(self) -> list[int]:
+        return [i for i in self.orders if i % POISON_EVERY == POISON_EVERY - 1]
+
+
+def _wait_for_first_epochs(proc: subprocess.Popen, base: Path, log: Path, timeout_s: float = 300) -> None:
+    """Until each of the three queries committed an epoch (a file in its checkpoint's commits)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the driver ended early (exit {proc.returncode}); see {log}"
+        if all(any((base / f"ckpt-{name}" / "commits").glob("[0-9]*")) for name in LINKS):
+            return
+        time.sleep(1)
+    raise AssertionError(f"not every link committed an epoch within {timeout_s:.0f}s; see {log}")
+
+
+def _busiest_coordinator(bootstrap: str, link: str, timeout_s: float = 120) -> int:
+    """The node that coordinates the most open (Ongoing) transactions of the link's three queries."""
+    from kafka.admin import KafkaAdminClient
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+        try:
+            listed = admin.list_transactions(state_filters=["Ongoing"])
+            ids = [t.transactional_id for rows in listed.values() for t in rows
+                   if t.transactional_id.startswith(f"lastagent-{link}-")]
+            if ids:
+                counts = Counter(d.coordinator_id for d in admin.describe_transactions(ids).values())
+                return counts.most_common(1)[0][0]
+        finally:
+            admin.close()
+        time.sleep(0.2)
+    raise AssertionError(f"no open transaction of link {link} seen within {timeout_s:.0f}s")
+
+
+def once(counts: Counter, expected: list[int], what: str) -> None:
+    assert sorted(counts) == sorted(expected), (
+        f"{what}: lost {sorted(set(expected) - set(counts))[:10]}, unexpected {sorted(set(counts) - set(expected))[:10]}")
+    assert max(counts.values(), default=1) == 1, f"{what}: duplicates {[k for k, c in counts.items() if c > 1][:10]}"
+
+
+@pytest.mark.timeout(1800)
+def test_three_links_ride_through_a_rolling_restart_and_a_coordinator_kill(kafka_cluster, cluster_topic, spark,
+                                                                           tmp_path, monkeypatch):
+    bootstrap = kafka_cluster.bootstrap
+    orders, sink_topic, copy_topic = cluster_topic(2, "orders"), cluster_topic(2, "sink"), cluster_topic(2, "copy")
+    dead, side = cluster_topic(1, "dead"), cluster_topic(2, "side")
+    feeder = Feeder(bootstrap, orders, str(tmp_path / "source"))
+    feeder.add_rows(20)
+    feeder.add_orders(100)
+    link, base, until = f"ride-{uuid.uuid4().hex[:8]}", tmp_path / "links", tmp_path / "stop"
+    monkeypatch.setenv("LASTAGENT_RUN_UNTIL", str(until))
+    state = tmp_path / "driver"
+    log = state.with_suffix(".log")
+    # local[2,4]: a task may be retried, as on every cluster (spark.task.maxFailures is 4 there).
+    proc = support.start_driver("links-driver", [bootstrap, str(base), link, feeder.table, orders, sink_topic,
+                                                 copy_topic, dead, side, PER_TRIGGER], None, state, master="local[2,4]")
+    try:
+        _wait_for_first_epochs(proc, base, log)
+        feeder.start()
+        for node in kafka_cluster.nodes:  # the rolling restart
+            kafka_cluster.stop(node)
+            assert proc.poll() is None, f"the driver failed while node {node} was down; see {log}"
+            kafka_cluster.start(node)
+            in_sync(kafka_cluster)
+        coordinator = _busiest_coordinator(bootstrap, link)
+        kafka_cluster.kill(coordinator)  # mid-epoch: the link has open transactions there
+        time.sleep(15)
+        assert proc.poll() is None, f"the driver failed while coordinator {coordinator} was down; see {log}"
+        kafka_cluster.start(coordinator)
+        in_sync(kafka_cluster)
+        feeder.stop()
+        assert feeder.failed == [], f"the feeder's producer lost records: {feeder.failed[:5]}"
+        until.touch()
+        code = proc.wait(timeout=900)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert code == 0, f"a query failed during the broker loss (exit {code}); see {log}:\n{_tail(log)}"
+
+    once(Counter(int(v) for _, v in read_committed(bootstrap, sink_topic, feeder.rows, 120)), list(range(feeder.rows)),
+         "Delta → Kafka")
+    once(Counter(int(k) for k, _ in read_committed(bootstrap, copy_topic, len(feeder.orders), 120)), feeder.orders,
+         "Kafka → Kafka")
+    once(Counter(int(r.key) for r in spark.read.format("delta").load(str(base / "orders")).select("key").collect()),
+         feeder.good, "Kafka → Delta")
+    once(Counter(int(json.loads(v)["key"]) for _, v in read_committed(bootstrap, side, len(feeder.good), 120)),
+         feeder.good, "the side topic")
+    once(Counter(int(k) for k, _ in read_committed(bootstrap, dead, len(feeder.poison), 60)), feeder.poison,
+         "the dead letters")
+    with KafkaXAResource({"bootstrap.servers": bootstrap}) as xa:
+        for name in LINKS:
+            assert xa.recover(f"lastagent-{link}-{name}-") == [], f"open transactions of link {link}-{name}"
+    for name, where in (("sink", ["--arbitration-table", str(base / "arb-sink")]),
+                        ("copy", ["--arbitration-table", str(base / "arb-copy")]),
+                        ("delta", ["--table", str(base / "orders")])):
+        status = subprocess.run([sys.executable, "-m", "lastagent.cli", "status", "--link", f"{link}-{name}", *where,
+                                 "--bootstrap-servers", bootstrap], capture_output=True, text=True, timeout=180)
+        assert status.returncode == 0, f"lastagent status of {link}-{name}: {status.stdout}{status.stderr}"
+
+
+def _tail(log: Path, lines: int = 40) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else "(no log)"
