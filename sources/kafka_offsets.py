@@ -281,13 +281,19 @@ class OffsetReader:
         import time
         import uuid
 
-        from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException
+        from confluent_kafka import KafkaException
 
         group = self.options.group_id or f"{self.options.group_id_prefix}-{uuid.uuid4().hex[:12]}"
         deadline = time.monotonic() + self.timeout
         while True:
-            future = self.admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)],
-                                                            request_timeout=self.timeout)[group]
+            # DescribeGroups, never OffsetFetch, through librdkafka's admin client: when an OffsetFetch answer
+            # says NOT_COORDINATOR or COORDINATOR_NOT_AVAILABLE (a new cluster's group coordinator, a moved
+            # one), librdkafka (2.16 and before; librdkafka#5040, fix in PR #5318) asks the consumer-group
+            # handle an admin client does not have to re-query the coordinator: a NULL dereference on its
+            # rdk:main thread ("segfault at 58"), which kills this process (Spark: EOFException in
+            # PythonStreamingSourceRunner.init). DescribeGroups needs the same ACL (Describe on the group),
+            # and its errors come back to Python.
+            future = self.admin.describe_consumer_groups([group], request_timeout=self.timeout)[group]
             try:
                 future.result(timeout=self.timeout)
                 return
@@ -307,14 +313,30 @@ class OffsetReader:
         return group
 
     def group_offsets(self, tps: Iterable[TP]) -> dict[TP, int]:
-        """Offsets committed for ``kafka.group.id``; partitions without one are absent."""
-        from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+        """Offsets committed for ``kafka.group.id``; partitions without one are absent.
+
+        Read with kafka-python's OffsetFetch, not librdkafka's admin client: the latter crashes the
+        process on a NOT_COORDINATOR / COORDINATOR_NOT_AVAILABLE answer (see :meth:`require_group_access`).
+        """
+        from kafka import TopicPartition as KafkaTopicPartition
+        from kafka.errors import KafkaError as PyKafkaError
+
+        from lastagent.kafka_wire import admin_client, explain
 
         group = self._group()
-        request = [ConsumerGroupTopicPartitions(group, [TopicPartition(t, p) for t, p in tps])]
-        result = self._wait(lambda: self.admin.list_consumer_group_offsets(request, request_timeout=self.timeout),
-                            "fetching group offsets")[group]
-        return {(tp.topic, tp.partition): tp.offset for tp in result.topic_partitions if tp.offset >= 0}
+        wanted = [KafkaTopicPartition(t, p) for t, p in tps]
+
+        def once() -> dict:
+            admin = admin_client(self.options.client_config, self.options.api_timeout_ms)
+            try:
+                return admin.list_group_offsets({group: wanted})[group]
+            except PyKafkaError as exc:  # named (and retried when a retry may help), never bare
+                raise explain(exc, f"fetching the offsets of group {group}") from None
+            finally:
+                admin.close()
+
+        result = retried(once, "fetching group offsets", self.options.api_timeout_ms)
+        return {(tp.topic, tp.partition): meta.offset for tp, meta in result.items() if meta.offset >= 0}
 
     def commit_group(self, offsets: Mapping[TP, int]) -> None:
         """Commits offsets to ``kafka.group.id`` (for lag tools; correctness never reads them)."""

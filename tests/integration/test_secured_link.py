@@ -65,7 +65,8 @@ def properties(path: Path, secured_kafka, password: str = PASSWORD) -> Path:
 def client(secured_kafka, **extra: str) -> dict[str, str]:
     """alice's settings as the connector receives them (``kafka.`` prefix removed)."""
     opts = {k[len("kafka."):]: v for k, v in secured_kafka.kafka_options(USER).items()}
-    return {**opts, "request.timeout.ms": str(TIMEOUT_MS), **extra}
+    # A failing call gives up after TIMEOUT_MS of retrying (kafka.default.api.timeout.ms), as the Java client.
+    return {**opts, "request.timeout.ms": str(TIMEOUT_MS), "default.api.timeout.ms": str(TIMEOUT_MS), **extra}
 
 
 def as_admin(secured_kafka) -> dict[str, str]:
