@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -147,10 +148,40 @@ def orders_topic(admin: Any, bootstrap: str, rows: int, poison: set[int]) -> str
 # --- a replicated Kafka cluster (tests/kafka_cluster) ---------------------------------------------
 
 
+def free_ports(count: int) -> int:
+    """A port p with p .. p+count-1 all free on 127.0.0.1."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + count >= 65000:
+            continue
+        try:
+            for offset in range(count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", base + offset))
+        except OSError:
+            continue
+        return base
+
+
 def cluster_admin(bootstrap: str) -> Any:
     from kafka.admin import KafkaAdminClient
 
     return KafkaAdminClient(bootstrap_servers=bootstrap, client_id="lastagent-cluster-tests", request_timeout_ms=10_000)
+
+
+def replicated_topic(cluster: Any, partitions: int = 1, prefix: str = "t") -> str:
+    """A new topic with a replica on every node of the cluster; its name."""
+    from kafka.admin import NewTopic
+
+    name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+    admin = cluster_admin(cluster.bootstrap)
+    try:
+        admin.create_topics([NewTopic(name, partitions, len(cluster.nodes))])
+    finally:
+        admin.close()
+    return name
 
 
 def in_sync(cluster: Any, timeout_s: float = 240.0) -> None:

@@ -10,6 +10,10 @@ adding orders to the source topic and rows to the source table. Meanwhile the ha
 2. SIGKILLs the node that coordinates the most open transactions of the links, mid-epoch, and starts
    it again 15 s later.
 
+A second test takes one replica of a two-replica output topic away for 30 s, so that
+``min.insync.replicas=2`` refuses every write to it (``NOT_ENOUGH_REPLICAS``): the Kafka → Kafka link
+waits it out.
+
 No query may fail (the driver exits 0 after draining). Then every record is there once, read back by
 an independent read_committed consumer and by Spark's Delta reader, no transaction of any link is
 open and ``lastagent status`` is clean for each link.
@@ -32,7 +36,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 import support
-from support import in_sync, read_committed
+from support import cluster_admin, in_sync, read_committed
 
 from lastagent.kafka_xa import KafkaXAResource
 
@@ -207,3 +211,50 @@ def test_three_links_ride_through_a_rolling_restart_and_a_coordinator_kill(kafka
 
 def _tail(log: Path, lines: int = 40) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else "(no log)"
+
+
+@pytest.mark.timeout(1200)
+def test_writes_refused_for_too_few_in_sync_replicas_are_waited_out(kafka_cluster, cluster_topic, tmp_path,
+                                                                     monkeypatch):
+    from kafka.admin import NewTopic
+
+    bootstrap = kafka_cluster.bootstrap
+    source = cluster_topic(2, "orders")
+    # Two replicas, on nodes 1 and 2: with node 2 away the partition has one in-sync replica, and
+    # min.insync.replicas=2 refuses every write to it.
+    copy = f"copy-{uuid.uuid4().hex[:8]}"
+    admin = cluster_admin(bootstrap)
+    try:
+        admin.create_topics([NewTopic(copy, replica_assignments={0: [1, 2], 1: [2, 1]})])
+    finally:
+        admin.close()
+    feeder = Feeder(bootstrap, source, str(tmp_path / "unused"))
+    feeder.add_orders(200)
+    until, state = tmp_path / "stop", tmp_path / "driver"
+    log = state.with_suffix(".log")
+    monkeypatch.setenv("LASTAGENT_RUN_UNTIL", str(until))
+    link = f"isr-{uuid.uuid4().hex[:8]}"
+    proc = support.start_driver("kafka-driver", [bootstrap, source, str(tmp_path / "ckpt"), str(tmp_path / "arb"), link,
+                                                 copy, PER_TRIGGER], None, state, master="local[2,4]")
+    try:
+        deadline = time.monotonic() + 300
+        while not any((tmp_path / "ckpt" / "commits").glob("[0-9]*")):
+            assert proc.poll() is None and time.monotonic() < deadline, f"no first epoch; see {log}"
+            time.sleep(1)
+        feeder.start()
+        kafka_cluster.stop(2)
+        time.sleep(30)  # every epoch's writes to the copy are refused meanwhile
+        assert proc.poll() is None, f"the query failed while writes were refused; see {log}:\n{_tail(log)}"
+        kafka_cluster.start(2)
+        in_sync(kafka_cluster)
+        feeder.stop()
+        until.touch()
+        code = proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert code == 0, f"the query failed (exit {code}); see {log}:\n{_tail(log)}"
+    once(Counter(int(k) for k, _ in read_committed(bootstrap, copy, len(feeder.orders), 120)), feeder.orders,
+         "Kafka → Kafka")
+    with KafkaXAResource({"bootstrap.servers": bootstrap}) as xa:
+        assert xa.recover(f"lastagent-{link}-") == []
