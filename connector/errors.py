@@ -24,11 +24,13 @@ class KafkaProtocolError(LastAgentError):
     Attributes:
         retriable: True when the same request may succeed later (coordinator moving, broker
             starting); False when retrying cannot help.
+        error: Kafka's name for the failure (``TRANSACTIONAL_ID_NOT_FOUND``), when the broker gave one.
     """
 
-    def __init__(self, message: str, retriable: bool = False) -> None:
+    def __init__(self, message: str, retriable: bool = False, error: str = "") -> None:
         super().__init__(message)
         self.retriable = retriable
+        self.error = error
 
 
 class DataLossError(LastAgentError):

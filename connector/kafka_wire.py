@@ -28,7 +28,7 @@ from kafka.protocol.producer.transaction import EndTxnRequest
 
 from lastagent.errors import KafkaProtocolError
 from lastagent.kafka_config import LOGIN_HINT, KafkaConfig, access_hint
-from lastagent.kafka_retry import is_retriable, retried
+from lastagent.kafka_retry import error_name, is_retriable, retried
 
 T = TypeVar("T")
 
@@ -64,11 +64,13 @@ def _error_name(code: int) -> str:
 def explain(exc: BaseException, what: str) -> KafkaProtocolError:
     """A :class:`KafkaProtocolError` for a kafka-python failure of ``what``, naming the missing ACL
     or the setting to check; never the settings' values."""
-    hint = access_hint(str(getattr(exc, "message", "")))
+    name = error_name(exc)
+    hint = access_hint(name)
     if hint is not None:
-        return KafkaProtocolError(f"{what}: {type(exc).__name__}: {hint}")
+        return KafkaProtocolError(f"{what}: {type(exc).__name__}: {hint}", error=name)
     # The broker's condition first: the one line a user sees says what the cluster did.
-    return KafkaProtocolError(f"{type(exc).__name__}: {exc} ({what})", retriable=is_retriable(exc))
+    return KafkaProtocolError(f"{type(exc).__name__}: {exc}" + (f" ({what})" if what else ""),
+                              retriable=is_retriable(exc), error=name)
 
 
 class _LoginFailures(logging.Filter):
@@ -197,13 +199,19 @@ class TransactionCoordinatorClient:
 
         Raises:
             KafkaUnavailableError: still failing after the budget, naming the broker condition.
-            KafkaProtocolError: a failure retrying cannot help (denied, unsupported).
+            KafkaProtocolError: a failure retrying cannot help (denied, unsupported, an unknown id);
+                its ``error`` is Kafka's name for it.
         """
         used: list[Any] = []
 
         def attempt() -> T:
             used.append(self.admin)
-            return request(used[-1])
+            try:
+                return request(used[-1])
+            except kafka_errors.KafkaError as exc:
+                # Named, never bare; what was asked is added once: here if this ends the call, else
+                # by the retry's own error when the budget runs out.
+                raise explain(exc, "" if is_retriable(exc) else what) from None
 
         def renew(exc: BaseException) -> None:
             if used:
@@ -233,10 +241,7 @@ class TransactionCoordinatorClient:
             raise KafkaProtocolError(
                 f"the broker at {self._config.bootstrap_servers} does not support {', '.join(missing)}: lastagent "
                 "finishes and recovers transactions from outside the producer and needs Apache Kafka 3.0 or newer")
-        try:
-            features = self.call("reading the cluster's finalized features", lambda admin: admin.describe_features())
-        except kafka_errors.KafkaError as exc:
-            raise explain(exc, "reading the cluster's finalized features (ApiVersions)") from None
+        features = self.call("reading the cluster's finalized features", lambda admin: admin.describe_features())
         level = features.get("transaction.version", {}).get("finalized", (0, 0))[1]
         return 2 if level >= 2 else 1
 

@@ -29,7 +29,7 @@ from lastagent import faults, redact
 from lastagent.errors import KafkaProtocolError, LastAgentError
 from lastagent.kafka_config import KafkaConfig, access_hint, as_librdkafka_strings
 from lastagent.kafka_retry import KafkaUnavailableError, is_retriable
-from lastagent.kafka_wire import TransactionCoordinatorClient, explain
+from lastagent.kafka_wire import TransactionCoordinatorClient
 
 log = logging.getLogger("lastagent.kafka")
 
@@ -466,8 +466,6 @@ def describe_open(client_config: KafkaConfig | Mapping[str, str],
                              lambda admin: admin.describe_transactions([transactional_id])[transactional_id])
         except KafkaProtocolError as exc:
             raise BranchError(f"branch {transactional_id}: {exc}") from None
-        except Exception as exc:  # noqa: BLE001 — kafka-python's own, not retriable: named, never bare
-            raise BranchError(str(explain(exc, f"branch {transactional_id}: describing the prepared transaction"))) from None
     if desc.state.value != "Ongoing":
         raise BranchError(f"branch {transactional_id}: expected an open transaction after flush, broker says {desc.state.value}")
     partitions = tuple(sorted((tp.topic, tp.partition) for tp in desc.topic_partitions))
@@ -649,9 +647,15 @@ class KafkaXAResource:
             KafkaUnavailableError: the broker could not say within the budget; nothing is concluded
                 (the decided epoch stays to be completed by the next start).
         """
-        desc = self._describe([handle.transactional_id], f"how branch {handle.transactional_id} ended")[
-            handle.transactional_id]
-        state, pid, epoch = desc.state.value, desc.producer_id, desc.producer_epoch
+        try:
+            desc = self._describe([handle.transactional_id], f"how branch {handle.transactional_id} ended")[
+                handle.transactional_id]
+            state, pid, epoch = desc.state.value, desc.producer_id, desc.producer_epoch
+        except KafkaProtocolError as exc:
+            if exc.error != "TRANSACTIONAL_ID_NOT_FOUND":
+                raise
+            # The broker forgot the id (transactional.id.expiration.ms): its last transaction is unknown.
+            state, pid, epoch = "unknown (no such transactional id)", -1, -1
         detail = (f"EndTxn answered {error}; broker now reports {state} for producer id {pid} "
                   f"epoch {epoch} (branch had producer id {handle.producer_id} epoch {handle.producer_epoch})")
         ended = self._ended_as(handle, state, pid, epoch)
@@ -788,15 +792,12 @@ class KafkaXAResource:
         without this check a missing ACL would read as "nothing open" and recovery would decide
         on a partial view. Describing an id under the prefix is refused exactly then.
         """
-        from kafka.errors import KafkaError as PyKafkaError
-
-        probe = f"{prefix}access-check"
         try:
             # A new cluster creates its transaction log on the first FindCoordinator: retried.
-            self._describe([probe], f"listing the open transactions of '{prefix}*'")
-        except PyKafkaError as exc:
-            if getattr(exc, "message", "") != "TRANSACTIONAL_ID_NOT_FOUND":
-                raise explain(exc, f"listing the open transactions of '{prefix}*'") from None
+            self._describe([f"{prefix}access-check"], f"listing the open transactions of '{prefix}*'")
+        except KafkaProtocolError as exc:
+            if exc.error != "TRANSACTIONAL_ID_NOT_FOUND":
+                raise
 
     def close(self) -> None:
         self._wire.close()
