@@ -331,7 +331,7 @@ class OffsetReader:
             try:
                 return admin.list_group_offsets({group: wanted})[group]
             except PyKafkaError as exc:  # named (and retried when a retry may help), never bare
-                raise explain(exc, f"fetching the offsets of group {group}") from None
+                raise explain(exc, "" if is_retriable(exc) else f"fetching the offsets of group {group}") from None
             finally:
                 admin.close()
 
