@@ -238,6 +238,8 @@ class KafkaConfig(Mapping[str, str]):
                 raise OptionError(f"kafka.{API_TIMEOUT}", f"{value!r} is not a positive number of milliseconds; "
                                                           f"the default is {DEFAULT_API_TIMEOUT_MS}")
             plain[API_TIMEOUT] = value
+            if int(value) == DEFAULT_API_TIMEOUT_MS:  # the default given explicitly changes nothing
+                del plain[API_TIMEOUT]
         return cls(plain, security)
 
     # -- translations ---------------------------------------------------------------------------

@@ -162,6 +162,7 @@ class DeltaSinkOptions(xid.LinkIds):
         side = DELTA_SINK_OPTIONS.comma_list(opts, "sideTopics")
         client = {k[len("kafka."):]: v for k, v in opts.items() if k.startswith("kafka.")}
         client.pop("transaction.timeout.ms", None)
+        DELTA_SINK_OPTIONS.integer_value(opts, "kafka.default.api.timeout.ms")  # checked against the table; KafkaConfig keeps it
         if (dead_letter or side) and not client.get("bootstrap.servers", "").strip():
             which = "deadLetterTopic" if dead_letter else "sideTopics"
             raise OptionError("kafka.bootstrap.servers", f"is required when '{which}' is set; "

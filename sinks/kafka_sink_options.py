@@ -107,6 +107,7 @@ class KafkaSinkOptions(xid.LinkIds):
         timeout = SINK_OPTIONS.integer_value(opts, "kafka.transaction.timeout.ms")
         client = {k[len("kafka."):]: v for k, v in opts.items() if k.startswith("kafka.")}
         client.pop("transaction.timeout.ms", None)
+        SINK_OPTIONS.integer_value(opts, "kafka.default.api.timeout.ms")  # checked against the table; KafkaConfig keeps it
         for option in ("arbitrationTable", "checkpointLocation"):
             storage.check(location(opts[option.lower()], option))
         return cls(
