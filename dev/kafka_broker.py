@@ -426,9 +426,13 @@ class Cluster:
         """SIGKILLs one node; its log dir stays for :meth:`start`."""
         pidfile.kill(self.node_dir(node) / "broker.pid")
 
-    def down(self) -> None:
-        for node in self.nodes:
-            self.stop(node, 60.0)
+    def down(self, wait_s: float = 60.0) -> None:
+        """Stops every node at once: one by one, the last ones would wait for a controller quorum that
+        has gone and be SIGKILLed only after ``wait_s`` each."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(len(self.nodes)) as pool:
+            list(pool.map(lambda node: self.stop(node, wait_s), self.nodes))
 
 
 def main(argv: list[str] | None = None) -> int:
