@@ -13,6 +13,8 @@ adding orders to the source topic and rows to the source table. Meanwhile the ha
 A second test takes one replica of a two-replica output topic away for 30 s, so that
 ``min.insync.replicas=2`` refuses every write to it (``NOT_ENOUGH_REPLICAS``): the Kafka → Kafka link
 waits it out.
+A third SIGKILLs two of the three nodes for 15 s: the controller quorum, the transaction log's and every
+topic's in-sync replicas are all short; the Kafka → Kafka link waits it out too.
 
 No query may fail (the driver exits 0 after draining). Then every record is there once, read back by
 an independent read_committed consumer and by Spark's Delta reader, no transaction of any link is
@@ -100,8 +102,10 @@ class Feeder:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join()
-        assert self.producer.flush(300) == 0, "the feeder's producer did not deliver everything"
+        if self._thread.ident is not None:
+            self._thread.join()
+        if self.producer.flush(300):
+            self.failed.append("the producer did not deliver everything within 300 s")
 
     @property
     def good(self) -> list[int]:
@@ -179,14 +183,10 @@ def test_three_links_ride_through_a_rolling_restart_and_a_coordinator_kill(kafka
         assert proc.poll() is None, f"the driver failed while coordinator {coordinator} was down; see {log}"
         kafka_cluster.start(coordinator)
         in_sync(kafka_cluster)
-        feeder.stop()
-        assert feeder.failed == [], f"the feeder's producer lost records: {feeder.failed[:5]}"
-        until.touch()
-        code = proc.wait(timeout=900)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        code = _drain(proc, feeder, until)
     assert code == 0, f"a query failed during the broker loss (exit {code}); see {log}:\n{_tail(log)}"
+    assert feeder.failed == [], f"the feeder's producer lost records: {feeder.failed[:5]}"
 
     once(Counter(int(v) for _, v in read_committed(bootstrap, sink_topic, feeder.rows, 120)), list(range(feeder.rows)),
          "Delta → Kafka")
@@ -209,31 +209,35 @@ def test_three_links_ride_through_a_rolling_restart_and_a_coordinator_kill(kafka
         assert status.returncode == 0, f"lastagent status of {link}-{name}: {status.stdout}{status.stderr}"
 
 
+def _drain(proc: subprocess.Popen, feeder: Feeder, until: Path) -> int | None:
+    """Stops feeding, asks the driver to drain and stop; its exit code (None: it had to be killed).
+
+    Asserts nothing: it runs in ``finally`` and must not hide the failure that got there."""
+    feeder.stop()
+    if proc.poll() is None:
+        until.touch()
+        try:
+            proc.wait(timeout=900)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            return None
+    return proc.returncode
+
+
 def _tail(log: Path, lines: int = 40) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else "(no log)"
 
 
-@pytest.mark.timeout(1200)
-def test_writes_refused_for_too_few_in_sync_replicas_are_waited_out(kafka_cluster, cluster_topic, tmp_path,
-                                                                     monkeypatch):
-    from kafka.admin import NewTopic
-
+def _copy_link_through(fault, kafka_cluster, source: str, copy: str, tmp_path: Path, monkeypatch) -> None:
+    """A Kafka → Kafka link runs while ``fault()`` happens and the cluster gets back in sync; the query
+    must not fail, and every record is copied once."""
     bootstrap = kafka_cluster.bootstrap
-    source = cluster_topic(2, "orders")
-    # Two replicas, on nodes 1 and 2: with node 2 away the partition has one in-sync replica, and
-    # min.insync.replicas=2 refuses every write to it.
-    copy = f"copy-{uuid.uuid4().hex[:8]}"
-    admin = cluster_admin(bootstrap)
-    try:
-        admin.create_topics([NewTopic(copy, replica_assignments={0: [1, 2], 1: [2, 1]})])
-    finally:
-        admin.close()
     feeder = Feeder(bootstrap, source, str(tmp_path / "unused"))
     feeder.add_orders(200)
     until, state = tmp_path / "stop", tmp_path / "driver"
     log = state.with_suffix(".log")
     monkeypatch.setenv("LASTAGENT_RUN_UNTIL", str(until))
-    link = f"isr-{uuid.uuid4().hex[:8]}"
+    link = f"copy-{uuid.uuid4().hex[:8]}"
     proc = support.start_driver("kafka-driver", [bootstrap, source, str(tmp_path / "ckpt"), str(tmp_path / "arb"), link,
                                                  copy, PER_TRIGGER], None, state, master="local[2,4]")
     try:
@@ -242,19 +246,48 @@ def test_writes_refused_for_too_few_in_sync_replicas_are_waited_out(kafka_cluste
             assert proc.poll() is None and time.monotonic() < deadline, f"no first epoch; see {log}"
             time.sleep(1)
         feeder.start()
-        kafka_cluster.stop(2)
-        time.sleep(30)  # every epoch's writes to the copy are refused meanwhile
-        assert proc.poll() is None, f"the query failed while writes were refused; see {log}:\n{_tail(log)}"
-        kafka_cluster.start(2)
+        fault()
+        assert proc.poll() is None, f"the query failed during the fault; see {log}:\n{_tail(log)}"
         in_sync(kafka_cluster)
-        feeder.stop()
-        until.touch()
-        code = proc.wait(timeout=600)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        code = _drain(proc, feeder, until)
     assert code == 0, f"the query failed (exit {code}); see {log}:\n{_tail(log)}"
+    assert feeder.failed == [], f"the feeder's producer lost records: {feeder.failed[:5]}"
     once(Counter(int(k) for k, _ in read_committed(bootstrap, copy, len(feeder.orders), 120)), feeder.orders,
          "Kafka → Kafka")
     with KafkaXAResource({"bootstrap.servers": bootstrap}) as xa:
         assert xa.recover(f"lastagent-{link}-") == []
+
+
+@pytest.mark.timeout(1200)
+def test_writes_refused_for_too_few_in_sync_replicas_are_waited_out(kafka_cluster, cluster_topic, tmp_path,
+                                                                     monkeypatch):
+    from kafka.admin import NewTopic
+
+    # Two replicas, on nodes 1 and 2: with node 2 away the partition has one in-sync replica, and
+    # min.insync.replicas=2 refuses every write to it.
+    copy = f"copy-{uuid.uuid4().hex[:8]}"
+    admin = cluster_admin(kafka_cluster.bootstrap)
+    try:
+        admin.create_topics([NewTopic(copy, replica_assignments={0: [1, 2], 1: [2, 1]})])
+    finally:
+        admin.close()
+
+    def refuse_writes_for_30_s() -> None:
+        kafka_cluster.stop(2)
+        time.sleep(30)  # every epoch's writes to the copy are refused meanwhile
+        kafka_cluster.start(2)
+
+    _copy_link_through(refuse_writes_for_30_s, kafka_cluster, cluster_topic(2, "orders"), copy, tmp_path, monkeypatch)
+
+
+@pytest.mark.timeout(1200)
+def test_two_of_three_nodes_killed_for_15_s_are_waited_out(kafka_cluster, cluster_topic, tmp_path, monkeypatch):
+    def two_nodes_away() -> None:
+        kafka_cluster.kill(2)
+        kafka_cluster.kill(3)
+        time.sleep(15)
+        kafka_cluster.up()  # both launched before either is waited for: a quorum needs them both
+
+    _copy_link_through(two_nodes_away, kafka_cluster, cluster_topic(2, "orders"), cluster_topic(2, "copy"), tmp_path,
+                       monkeypatch)
