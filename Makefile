@@ -117,7 +117,7 @@ test-cluster: setup
 	$(PYTEST) tests/cluster
 
 # A replicated 3-node Kafka cluster losing brokers (rolling restart, coordinator SIGKILLed) under the three
-# running links: no query fails, every record once (tests/kafka_cluster; 9 minutes on a 2-core machine).
+# running links: no query fails, every record once (tests/kafka_cluster; about 10 minutes on a 2-core machine).
 test-kafka-cluster: setup
 	$(PYTEST) tests/kafka_cluster
 
