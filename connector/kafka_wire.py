@@ -265,22 +265,14 @@ class TransactionCoordinatorClient:
                                     producer_epoch=producer_epoch, committed=commit)
             return await admin._manager.send(request, node_id=node)
 
+        # A retry after NOT_COORDINATOR and friends finds the coordinator anew: :meth:`call` gives it
+        # a new client, with no cached coordinator.
         try:
             resp = admin._manager.run(end)
         except kafka_errors.KafkaError as exc:
-            self.forget_coordinator(transactional_id)
             raise explain(exc, f"EndTxn for transactional.id {transactional_id!r}") from None
-        result = EndTxnResult(_error_name(resp.error_code), getattr(resp, "producer_id", -1),
-                              getattr(resp, "producer_epoch", -1))
-        if not result.ok:
-            self.forget_coordinator(transactional_id)  # NOT_COORDINATOR and friends: ask again next time
-        return result
-
-    def forget_coordinator(self, transactional_id: str) -> None:
-        """Drops the cached coordinator of transactional_id, so the next request finds it anew."""
-        if self._admin is not None:
-            # kafka-python caches coordinators in its cluster metadata and has no public eviction.
-            self._admin._manager.cluster._coordinators.pop((CoordinatorType.TRANSACTION, transactional_id), None)
+        return EndTxnResult(_error_name(resp.error_code), getattr(resp, "producer_id", -1),
+                            getattr(resp, "producer_epoch", -1))
 
     def close(self) -> None:
         with self._lock:

@@ -28,17 +28,11 @@ from typing import Any, Protocol
 from lastagent import faults, redact
 from lastagent.errors import KafkaProtocolError, LastAgentError
 from lastagent.kafka_config import KafkaConfig, access_hint, as_librdkafka_strings
-from lastagent.kafka_retry import KafkaUnavailableError, is_retriable
+from lastagent.kafka_retry import RETRIABLE_NAMES, KafkaUnavailableError, is_retriable
 from lastagent.kafka_wire import TransactionCoordinatorClient
 
 log = logging.getLogger("lastagent.kafka")
 
-#: EndTxn answers after which the same EndTxn may succeed: markers still being written, the
-#: coordinator loading or moving, the transaction log short of in-sync replicas for the moment.
-_RETRIABLE = frozenset({
-    "CONCURRENT_TRANSACTIONS", "COORDINATOR_LOAD_IN_PROGRESS", "NOT_COORDINATOR",
-    "COORDINATOR_NOT_AVAILABLE", "REQUEST_TIMED_OUT", "NOT_ENOUGH_REPLICAS", "NOT_ENOUGH_REPLICAS_AFTER_APPEND",
-})
 #: Kafka error names that say this handle's transaction is no longer the open one.
 _GONE = frozenset({
     "INVALID_TXN_STATE", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH",
@@ -624,7 +618,7 @@ class KafkaXAResource:
         def end_txn(admin: Any) -> str:
             answer = self._wire.end_txn(handle.transactional_id, handle.producer_id, handle.producer_epoch, commit,
                                         admin=admin).error
-            if answer in _RETRIABLE:
+            if answer in RETRIABLE_NAMES:  # markers still being written, the coordinator moving, too few replicas
                 raise KafkaProtocolError(f"EndTxn answered {answer}", retriable=True)
             return answer
 

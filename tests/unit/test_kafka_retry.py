@@ -108,3 +108,26 @@ def test_the_java_clients_api_timeout_is_checked_and_kept_from_librdkafka() -> N
     assert KafkaConfig.parse({"bootstrap.servers": "b:9092"}).api_timeout_ms == 60_000
     with pytest.raises(OptionError, match="kafka.default.api.timeout.ms"):
         KafkaConfig.parse({"bootstrap.servers": "b:9092", "default.api.timeout.ms": "soon"})
+
+
+class _Metadata:
+    """What confluent-kafka's ``list_topics`` returns, for the topics given: name -> (error, partition count)."""
+
+    def __init__(self, topics: dict) -> None:
+        self.topics = {name: type("T", (), {"error": error, "partitions": dict.fromkeys(range(count))})()
+                       for name, (error, count) in topics.items()}
+
+
+def test_a_topic_whose_leaders_are_moving_is_asked_again_not_read_as_vanished() -> None:
+    # The source's reader with a stand-in admin: the first metadata answer has the topic with
+    # LEADER_NOT_AVAILABLE (a broker away); read as absent, its partitions would look deleted.
+    from lastagent.sources.kafka_offsets import OffsetReader
+    from lastagent.sources.kafka_source_options import KafkaSourceOptions
+
+    answers = iter([_Metadata({"orders": (KafkaError(KafkaError.LEADER_NOT_AVAILABLE), 0)}),
+                    _Metadata({"orders": (None, 2), "__consumer_offsets": (None, 50)})])
+    reader = object.__new__(OffsetReader)
+    reader.options = KafkaSourceOptions.parse({"kafka.bootstrap.servers": "b:9092", "subscribe": "orders"})
+    reader.timeout, reader._login_error = 1.0, None
+    reader.admin = type("Admin", (), {"list_topics": lambda self, timeout: next(answers)})()
+    assert reader.topics() == {"orders": 2}
