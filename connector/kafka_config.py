@@ -22,21 +22,28 @@ import re
 import ssl
 import tempfile
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lastagent.errors import OptionError
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 
 _PLAIN = "org.apache.kafka.common.security.plain.PlainLoginModule"
 _SCRAM = "org.apache.kafka.common.security.scram.ScramLoginModule"
+_OAUTH = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
+#: The Java client's OIDC client-credentials login (Kafka 3.1+; the ``secured`` package before 3.4).
+_OAUTH_HANDLERS = ("org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginCallbackHandler",
+                   "org.apache.kafka.common.security.oauthbearer.secured.OAuthBearerLoginCallbackHandler")
+_MSK_IAM_HINT = ("AWS MSK IAM: use kafka.sasl.mechanism=OAUTHBEARER with "
+                 "kafka.sasl.oauthbearer.token.provider set to a function that returns "
+                 "MSKAuthTokenProvider.generate_auth_token(<region>) (package aws-msk-iam-sasl-signer-python); "
+                 "docs/security.md has the recipe")
 #: JAAS login modules we do not translate, and what they are.
 _OTHER_MODULES = {
     "com.sun.security.auth.module.Krb5LoginModule": "Kerberos (GSSAPI)",
-    "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule": "OAUTHBEARER",
-    "software.amazon.msk.auth.iam.IAMLoginModule": "AWS MSK IAM",
+    "software.amazon.msk.auth.iam.IAMLoginModule": _MSK_IAM_HINT,
 }
 #: Runtimes that shade the Kafka client (Databricks) rename its packages with a prefix.
 _SHADED = re.compile(r"^(?:kafkashaded\.|shaded\.)")
@@ -47,10 +54,17 @@ DEFAULT_API_TIMEOUT_MS = 60_000
 
 #: Java client settings neither library can honour, with what to do instead.
 _JAVA_ONLY = {
-    "sasl.login.callback.handler.class": "Java callback classes cannot run in Python clients; use "
-                                         "kafka.sasl.jaas.config with PlainLoginModule or ScramLoginModule",
-    "sasl.client.callback.handler.class": "Java callback classes cannot run in Python clients; use "
-                                          "kafka.sasl.jaas.config with PlainLoginModule or ScramLoginModule",
+    "sasl.login.callback.handler.class": "Java callback classes cannot run in Python clients; for OIDC give "
+                                         f"{_OAUTH_HANDLERS[0]} (or leave it out), for a token you sign "
+                                         "yourself kafka.sasl.oauthbearer.token.provider",
+    "sasl.client.callback.handler.class": "Java callback classes cannot run in Python clients; for a token you "
+                                          "sign yourself (AWS MSK IAM) use kafka.sasl.oauthbearer.token.provider",
+    "sasl.oauthbearer.jwt.retriever.class": "Java classes cannot run in Python clients; use the client-credentials "
+                                            "grant or kafka.sasl.oauthbearer.token.provider",
+    "sasl.oauthbearer.config": "librdkafka's unsecured JWT is for tests only; use an OIDC token endpoint or "
+                               "kafka.sasl.oauthbearer.token.provider",
+    "enable.sasl.oauthbearer.unsecure.jwt": "librdkafka's unsecured JWT is for tests only; use an OIDC token "
+                                            "endpoint or kafka.sasl.oauthbearer.token.provider",
     "sasl.login.class": "Java login classes cannot run in Python clients; use PLAIN or SCRAM",
     "ssl.engine.factory.class": "Java SSL engines cannot run in Python clients; give PEM or PKCS12 stores",
     "ssl.keymanager.algorithm": "the Python clients use OpenSSL; drop this setting",
@@ -61,6 +75,14 @@ _JAVA_ONLY = {
 }
 #: TLS versions both libraries negotiate (OpenSSL's defaults); older ones are refused.
 _TLS_VERSIONS = {"TLS", "TLSv1.2", "TLSv1.3"}
+#: OAUTHBEARER settings this module owns: the Java client's (OIDC client credentials, Kafka 3.1+ and
+#: 4.1's KIP-1139 names), librdkafka's, and lastagent's own token provider hook.
+_OAUTH_SETTINGS = ("sasl.oauthbearer.token.endpoint.url", "sasl.login.callback.handler.class",
+                   "sasl.oauthbearer.client.credentials.client.id", "sasl.oauthbearer.client.credentials.client.secret",
+                   "sasl.oauthbearer.scope", "sasl.oauthbearer.sub.claim.name", "sasl.oauthbearer.scope.claim.name",
+                   "sasl.login.connect.timeout.ms", "sasl.login.read.timeout.ms",
+                   "sasl.oauthbearer.method", "sasl.oauthbearer.client.id", "sasl.oauthbearer.client.secret",
+                   "sasl.oauthbearer.extensions", "sasl.oauthbearer.token.provider")
 #: librdkafka's names for the settings this module owns (besides the Java ones).
 _NATIVE_SECURITY = ("security.protocol", "sasl.mechanism", "sasl.mechanisms", "sasl.username", "sasl.password",
                     "ssl.ca.location", "ssl.ca.pem", "ssl.certificate.location", "ssl.certificate.pem",
@@ -68,7 +90,8 @@ _NATIVE_SECURITY = ("security.protocol", "sasl.mechanism", "sasl.mechanisms", "s
                     "ssl.keystore.password", "ssl.keystore.type", "ssl.endpoint.identification.algorithm",
                     "enable.ssl.certificate.verification", "sasl.jaas.config", "ssl.truststore.location",
                     "ssl.truststore.type", "ssl.truststore.password", "ssl.truststore.certificates",
-                    "ssl.keystore.key", "ssl.keystore.certificate.chain", "ssl.protocol", "ssl.enabled.protocols")
+                    "ssl.keystore.key", "ssl.keystore.certificate.chain", "ssl.protocol", "ssl.enabled.protocols",
+                    *_OAUTH_SETTINGS)
 
 
 #: What a denied request needs, by Kafka's error name (both libraries use these names); docs/security.md.
@@ -82,7 +105,8 @@ ACL_NEEDED = {
 #: Kafka error names of a refused login, and what to check.
 LOGIN_FAILED = ("SASL_AUTHENTICATION_FAILED", "_AUTHENTICATION")
 LOGIN_HINT = ("check the username and password in kafka.sasl.jaas.config (or kafka.sasl.username/kafka.sasl.password) "
-              "and kafka.sasl.mechanism")
+              "and kafka.sasl.mechanism; with OAUTHBEARER, that the broker accepts the token's issuer, audience "
+              "and signing key (docs/security.md)")
 
 
 def access_hint(error_name: str) -> str | None:
@@ -132,6 +156,26 @@ class Store:
 
 
 @dataclass(frozen=True)
+class OAuth:
+    """Where an OAUTHBEARER login gets its tokens (never a token itself; :mod:`lastagent.kafka_oauth` fetches them).
+
+    Either an OIDC client-credentials grant (``endpoint``, ``client_id``, ``client_secret``, ``scope``),
+    as the Java client's ``OAuthBearerLoginCallbackHandler`` does, or ``provider``: the user's Python
+    function (``package.module:function``) for tokens they sign themselves (AWS MSK IAM).
+    """
+
+    endpoint: str | None = None
+    client_id: str | None = None
+    client_secret: Secret | None = None
+    scope: str | None = None
+    extensions: tuple[tuple[str, str], ...] = ()
+    provider: str | None = None
+    sub_claim: str = "sub"
+    connect_timeout_ms: int = 10_000
+    read_timeout_ms: int = 10_000
+
+
+@dataclass(frozen=True)
 class Security:
     """How to reach the cluster: protocol, SASL login, TLS trust and client identity."""
 
@@ -143,6 +187,7 @@ class Security:
     identity: Store | None = None
     check_hostname: bool = True
     verify: bool = True
+    oauth: OAuth | None = None
 
     @property
     def sasl(self) -> bool:
@@ -213,12 +258,13 @@ class KafkaConfig(Mapping[str, str]):
         """
         raw = {str(k).lower() if str(k).lower() in _NATIVE_SECURITY else str(k): str(v) for k, v in settings.items()}
         for key, why in _JAVA_ONLY.items():
-            if key in raw:
+            if key in raw and not (key == "sasl.login.callback.handler.class"
+                                   and _SHADED.sub("", raw[key].strip()) in _OAUTH_HANDLERS):
                 raise OptionError(f"kafka.{key}", f"is a Java client setting lastagent cannot honour: {why}")
         protocol = raw.get("security.protocol", "PLAINTEXT").strip().upper()
         if protocol not in SECURITY_PROTOCOLS:
             raise OptionError("kafka.security.protocol", f"{protocol!r} is not one of {', '.join(SECURITY_PROTOCOLS)}")
-        mechanism, username, password = _sasl(raw, protocol)
+        mechanism, username, password, oauth = _sasl(raw, protocol)
         _tls_versions(raw)
         algorithm = raw.get("ssl.endpoint.identification.algorithm", "https").strip().lower()
         if algorithm not in ("https", "", "none"):
@@ -227,7 +273,7 @@ class KafkaConfig(Mapping[str, str]):
                               "value (do not)")
         verify = _boolean(raw, "enable.ssl.certificate.verification", True)
         security = Security(protocol, mechanism, username, password, _trust(raw), _identity(raw),
-                            check_hostname=algorithm == "https" and verify, verify=verify)
+                            check_hostname=algorithm == "https" and verify, verify=verify, oauth=oauth)
         if not security.tls and (security.trust or security.identity):
             raise OptionError("kafka.security.protocol",
                               f"is {protocol}, but TLS key or trust stores are given; use SSL or SASL_SSL")
@@ -254,7 +300,11 @@ class KafkaConfig(Mapping[str, str]):
         out.pop(API_TIMEOUT, None)  # a Java client setting that our retries honour (kafka_retry), not librdkafka
         sec = self.security
         out["security.protocol"] = sec.protocol
-        if sec.sasl:
+        if sec.oauth is not None:
+            # The token comes from lastagent's provider (oauth_cb, the native clients' token_provider):
+            # one path for every client, whether or not its librdkafka was built with OIDC (curl).
+            out["sasl.mechanism"] = "OAUTHBEARER"
+        elif sec.sasl:
             out.update({"sasl.mechanism": sec.mechanism, "sasl.username": sec.username,
                         "sasl.password": sec.password.value if sec.password else ""})
         if sec.tls:
@@ -296,12 +346,33 @@ class KafkaConfig(Mapping[str, str]):
             "request_timeout_ms": timeout_ms,
             "bootstrap_timeout_ms": timeout_ms,
         }
-        if sec.sasl:
+        if sec.oauth is not None:
+            from lastagent.kafka_oauth import tokens
+
+            out.update({"sasl_mechanism": "OAUTHBEARER", "sasl_oauth_token_provider": tokens(sec.oauth).kafka_python()})
+        elif sec.sasl:
             out.update({"sasl_mechanism": sec.mechanism, "sasl_plain_username": sec.username,
                         "sasl_plain_password": sec.password.value if sec.password else ""})
         if sec.tls:
             out["ssl_context"] = self.ssl_context()
         return out
+
+    def token_provider(self) -> Any:
+        """The OAUTHBEARER token callable of ``lastagent._native``'s clients, or None without
+        OAUTHBEARER. Driver or executor; tokens are fetched when librdkafka asks."""
+        if self.security.oauth is None:
+            return None
+        from lastagent.kafka_oauth import tokens
+
+        return tokens(self.security.oauth).native
+
+    def oauth_cb(self) -> dict[str, Any]:
+        """``{"oauth_cb": ...}`` for a confluent-kafka client with OAUTHBEARER, else ``{}``."""
+        if self.security.oauth is None:
+            return {}
+        from lastagent.kafka_oauth import tokens
+
+        return {"oauth_cb": tokens(self.security.oauth).confluent}
 
     def ssl_context(self) -> ssl.SSLContext:
         """An OpenSSL context with this configuration's trust and identity (kafka-python's form)."""
@@ -335,18 +406,27 @@ def _boolean(raw: Mapping[str, str], key: str, default: bool) -> bool:
     raise OptionError(f"kafka.{key}", f"{text!r} is not a boolean; give true or false")
 
 
-def _sasl(raw: Mapping[str, str], protocol: str) -> tuple[str | None, str | None, Secret | None]:
-    """(mechanism, username, password) from the Java or librdkafka settings."""
+def _sasl(raw: Mapping[str, str], protocol: str) -> tuple[str | None, str | None, Secret | None, OAuth | None]:
+    """(mechanism, username, password, OAuth login) from the Java or librdkafka settings."""
     mechanism = (raw.get("sasl.mechanism") or raw.get("sasl.mechanisms") or "").strip().upper() or None
     jaas = raw.get("sasl.jaas.config")
     username = raw.get("sasl.username")
     password = raw.get("sasl.password")
+    jaas_options: dict[str, str] = {}
+    if mechanism == "AWS_MSK_IAM":
+        raise OptionError("kafka.sasl.mechanism", f"AWS_MSK_IAM is not supported; {_MSK_IAM_HINT}")
     if jaas is not None:
         if username is not None or password is not None:
             raise OptionError("kafka.sasl.jaas.config", "give either kafka.sasl.jaas.config or "
                                                         "kafka.sasl.username/kafka.sasl.password, not both")
-        module, username, password = _jaas(jaas)
-        if module == _PLAIN:
+        module, jaas_options = _jaas(jaas)
+        username, password = jaas_options.get("username"), jaas_options.get("password")
+        if module == _OAUTH:
+            mechanism = mechanism or "OAUTHBEARER"
+            if mechanism != "OAUTHBEARER":
+                raise OptionError("kafka.sasl.mechanism", f"is {mechanism}, but kafka.sasl.jaas.config uses "
+                                                          "OAuthBearerLoginModule, which is mechanism OAUTHBEARER")
+        elif module == _PLAIN:
             mechanism = mechanism or "PLAIN"
             if mechanism != "PLAIN":
                 raise OptionError("kafka.sasl.mechanism", f"is {mechanism}, but kafka.sasl.jaas.config uses "
@@ -355,24 +435,115 @@ def _sasl(raw: Mapping[str, str], protocol: str) -> tuple[str | None, str | None
             raise OptionError("kafka.sasl.mechanism", "kafka.sasl.jaas.config uses ScramLoginModule: set "
                                                       "kafka.sasl.mechanism to SCRAM-SHA-256 or SCRAM-SHA-512 "
                                                       f"(the broker's), not {mechanism or 'unset'}")
+    oauth_given = [k for k in _OAUTH_SETTINGS if k in raw]
     if not protocol.startswith("SASL_"):
         # A lone sasl.mechanism is ignored, as the Java client does; credentials would silently go unused.
-        if jaas is not None or username is not None:
+        if jaas is not None or username is not None or oauth_given:
             raise OptionError("kafka.security.protocol", f"is {protocol}, but SASL settings are given; "
                                                          "use SASL_SSL (or SASL_PLAINTEXT)")
-        return None, None, None
+        return None, None, None, None
     if mechanism is None:
         raise OptionError("kafka.sasl.mechanism", f"kafka.security.protocol is {protocol}: set kafka.sasl.mechanism "
                                                   f"to one of {', '.join(MECHANISMS)}")
     if mechanism not in MECHANISMS:
         raise OptionError("kafka.sasl.mechanism", f"{mechanism} is not supported; lastagent's clients log in with "
-                                                  f"{', '.join(MECHANISMS)} (username and password)")
+                                                  f"{', '.join(MECHANISMS)}")
+    if mechanism == "OAUTHBEARER":
+        if username is not None or password is not None:
+            raise OptionError("kafka.sasl.mechanism", "is OAUTHBEARER, which logs in with a token, but a username "
+                                                      "and password are given; drop them, or use PLAIN or SCRAM")
+        return mechanism, None, None, _oauth(raw, jaas_options)
+    if oauth_given:
+        raise OptionError(f"kafka.{oauth_given[0]}", f"is an OAUTHBEARER setting, but kafka.sasl.mechanism is "
+                                                     f"{mechanism}; set kafka.sasl.mechanism=OAUTHBEARER or drop it")
     if not username or password is None:
         raise OptionError("kafka.sasl.jaas.config", f"SASL {mechanism} needs a username and a password: give "
                                                     f"kafka.sasl.jaas.config ('{_SCRAM if mechanism != 'PLAIN' else _PLAIN} "
                                                     "required username=\"...\" password=\"...\";') or "
                                                     "kafka.sasl.username and kafka.sasl.password")
-    return mechanism, username, Secret(password)
+    return mechanism, username, Secret(password), None
+
+
+def _one_of(raw: Mapping[str, str], jaas: Mapping[str, str], jaas_key: str, *keys: str) -> tuple[str | None, str]:
+    """(value, the option it came from) of a setting with several names: the JAAS option or one of keys."""
+    given = [(f"kafka.sasl.jaas.config {jaas_key}", jaas[jaas_key])] if jaas_key in jaas else []
+    given += [(f"kafka.{k}", raw[k]) for k in keys if raw.get(k, "").strip()]
+    if len(given) > 1:
+        raise OptionError(given[1][0], f"gives the same setting as {given[0][0]}; give one of them")
+    # Unset: name where a Java user gives it (the JAAS line), else librdkafka's name.
+    return (given[0][1].strip(), given[0][0]) if given else (None, "kafka.sasl.jaas.config" if jaas else f"kafka.{keys[-1]}")
+
+
+def _oauth(raw: Mapping[str, str], jaas: Mapping[str, str]) -> OAuth:
+    """The OAUTHBEARER login: an OIDC client-credentials grant, or the user's token provider."""
+    extra = sorted(set(jaas) - {"clientId", "clientSecret", "scope"} - {k for k in jaas if k.startswith("extension_")})
+    if extra:
+        raise OptionError("kafka.sasl.jaas.config", f"OAuthBearerLoginModule option(s) {', '.join(extra)} are not "
+                                                    "supported; give clientId, clientSecret, scope and extension_<name>")
+    handler = raw.get("sasl.login.callback.handler.class")
+    if handler is not None and _SHADED.sub("", handler.strip()) not in _OAUTH_HANDLERS:
+        raise OptionError("kafka.sasl.login.callback.handler.class",
+                          f"is a Java class lastagent cannot run; {_JAVA_ONLY['sasl.login.callback.handler.class']}")
+    method = raw.get("sasl.oauthbearer.method", "").strip().lower()
+    if method not in ("", "oidc", "default"):
+        raise OptionError("kafka.sasl.oauthbearer.method", f"{method!r} is not oidc or default")
+    endpoint, endpoint_option = _one_of(raw, {}, "", "sasl.oauthbearer.token.endpoint.url")
+    client_id, id_option = _one_of(raw, jaas, "clientId", "sasl.oauthbearer.client.credentials.client.id",
+                                   "sasl.oauthbearer.client.id")
+    secret, secret_option = _one_of(raw, jaas, "clientSecret", "sasl.oauthbearer.client.credentials.client.secret",
+                                    "sasl.oauthbearer.client.secret")
+    scope, _ = _one_of(raw, jaas, "scope", "sasl.oauthbearer.scope")
+    extensions = [(k[len("extension_"):], v) for k, v in jaas.items() if k.startswith("extension_")]
+    if raw.get("sasl.oauthbearer.extensions", "").strip():
+        if extensions:
+            raise OptionError("kafka.sasl.oauthbearer.extensions", "gives the same setting as extension_<name> in "
+                                                                   "kafka.sasl.jaas.config; give one of them")
+        for pair in raw["sasl.oauthbearer.extensions"].split(","):
+            key, eq, value = pair.partition("=")
+            if not eq or not key.strip():
+                raise OptionError("kafka.sasl.oauthbearer.extensions", "is not a comma-separated list of name=value")
+            extensions.append((key.strip(), value.strip()))
+    timeouts = {}
+    for key in ("sasl.login.connect.timeout.ms", "sasl.login.read.timeout.ms"):
+        value = raw.get(key, "10000").strip()
+        if not value.isdigit() or int(value) <= 0:
+            raise OptionError(f"kafka.{key}", f"{value!r} is not a positive number of milliseconds")
+        timeouts[key] = int(value)
+    common = OAuth(scope=scope, extensions=tuple(extensions),
+                   sub_claim=raw.get("sasl.oauthbearer.sub.claim.name", "sub").strip() or "sub",
+                   connect_timeout_ms=timeouts["sasl.login.connect.timeout.ms"],
+                   read_timeout_ms=timeouts["sasl.login.read.timeout.ms"])
+    provider = raw.get("sasl.oauthbearer.token.provider", "").strip()
+    if provider:
+        given = [o for o, v in ((endpoint_option, endpoint), (id_option, client_id), (secret_option, secret)) if v]
+        if given:
+            raise OptionError("kafka.sasl.oauthbearer.token.provider", f"and {given[0]} are both given: a token "
+                                                                       "comes from your provider or from the OIDC "
+                                                                       "token endpoint, not both")
+        if not _PROVIDER.match(provider):
+            raise OptionError("kafka.sasl.oauthbearer.token.provider", f"{provider!r} is not a Python function's "
+                                                                       "name: give 'package.module:function'")
+        return replace(common, provider=provider)
+    if method == "default":
+        raise OptionError("kafka.sasl.oauthbearer.method", "is default (librdkafka's unsecured JWT or a callback): "
+                                                           "use oidc with a token endpoint, or "
+                                                           "kafka.sasl.oauthbearer.token.provider")
+    if not endpoint:
+        raise OptionError("kafka.sasl.oauthbearer.token.endpoint.url",
+                          "is required with kafka.sasl.mechanism=OAUTHBEARER: the OIDC provider's token endpoint "
+                          "(with clientId and clientSecret), or give kafka.sasl.oauthbearer.token.provider")
+    if not re.match(r"^https?://[^/\s]+", endpoint):
+        raise OptionError(endpoint_option, "is not an http(s):// URL")
+    if not client_id or not secret:
+        raise OptionError(secret_option if client_id else id_option,
+                          "is required for the OIDC client-credentials grant: give clientId and clientSecret in "
+                          f"kafka.sasl.jaas.config ('{_OAUTH} required clientId=\"...\" clientSecret=\"...\";') or "
+                          "kafka.sasl.oauthbearer.client.id and kafka.sasl.oauthbearer.client.secret")
+    return replace(common, endpoint=endpoint, client_id=client_id, client_secret=Secret(secret))
+
+
+#: ``package.module:function`` (or ``package.module.function``).
+_PROVIDER = re.compile(r"^[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*(?::[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*)?$")
 
 
 _JAAS = re.compile(r"""^\s*(?P<module>[\w.$]+)\s+(?P<flag>required|requisite|sufficient|optional)(?P<rest>.*?);?\s*$""",
@@ -380,17 +551,17 @@ _JAAS = re.compile(r"""^\s*(?P<module>[\w.$]+)\s+(?P<flag>required|requisite|suf
 _JAAS_OPTION = re.compile(r"""\s*(?P<key>[\w.\-]+)\s*=\s*(?:"(?P<q>(?:[^"\\]|\\.)*)"|(?P<bare>[^\s;"]+))""")
 
 
-def _jaas(text: str) -> tuple[str, str | None, str | None]:
-    """(login module, username, password) of one JAAS entry; never quotes the text in errors."""
+def _jaas(text: str) -> tuple[str, dict[str, str]]:
+    """(login module, its options) of one JAAS entry; never quotes the text in errors."""
     m = _JAAS.match(text)
     if not m:
         raise OptionError("kafka.sasl.jaas.config", "is not a JAAS entry of the form "
                                                     "'<LoginModule class> required username=\"...\" password=\"...\";'")
     module = _SHADED.sub("", m.group("module"))
-    if module not in (_PLAIN, _SCRAM):
+    if module not in (_PLAIN, _SCRAM, _OAUTH):
         what = _OTHER_MODULES.get(module, module)
         raise OptionError("kafka.sasl.jaas.config", f"login module {what} is not supported; lastagent's clients "
-                                                    f"log in with {_PLAIN} or {_SCRAM} (username and password)")
+                                                    f"log in with {_PLAIN}, {_SCRAM} or {_OAUTH}")
     rest = m.group("rest")
     values: dict[str, str] = {}
     pos = 0
@@ -402,7 +573,7 @@ def _jaas(text: str) -> tuple[str, str | None, str | None]:
         quoted = opt.group("q")
         values[opt.group("key")] = re.sub(r"\\(.)", r"\1", quoted) if quoted is not None else opt.group("bare")
         pos = opt.end()
-    return module, values.get("username"), values.get("password")
+    return module, values
 
 
 def _tls_versions(raw: Mapping[str, str]) -> None:

@@ -100,6 +100,11 @@ class _Admin(KafkaAdminClient):
         self._closed = True  # close() before bootstrap succeeded must not find a missing attribute
         failures = _LoginFailures()
         logger = logging.getLogger("kafka.net.manager")
+        if config.security.oauth is not None:
+            # A token the endpoint refuses would only show as connections closed during the login.
+            from lastagent.kafka_oauth import tokens
+
+            tokens(config.security.oauth).current()
         logger.addFilter(failures)
         try:
             super().__init__(**config.kafka_python(timeout_ms))

@@ -156,6 +156,7 @@ class OffsetReader:
         self._login_error: Any = None
         settings: dict[str, Any] = {k: v for k, v in config.items() if k not in _CONSUMER_ONLY}
         settings["error_cb"] = self._on_client_error
+        settings.update(options.client_config.oauth_cb())
         self.admin = AdminClient(settings)
 
     def _on_client_error(self, err: Any) -> None:
