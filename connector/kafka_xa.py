@@ -263,7 +263,8 @@ class BranchWriter:
         # Delivery reports for failures only: success is what flush() already tells us.
         config["delivery.report.only.error"] = True
         try:
-            self._producer: Any = BranchProducer(as_librdkafka_strings(config))  # None once released
+            self._producer: Any = BranchProducer(as_librdkafka_strings(config),  # None once released
+                                                 token_provider=self._client_config.token_provider())
         except NativeKafkaError as exc:
             raise BranchError(f"branch {transactional_id}: {exc}") from exc
         # init_transactions fences any older producer of this id and aborts its open

@@ -346,7 +346,7 @@ def _checkout(client: KafkaConfig, group_id_prefix: str = "lastagent-source") ->
         return key, idle.pop()
     settings = consumer_settings(config, group_id_prefix)
     try:
-        return key, RangeConsumer(list(settings.items()))
+        return key, RangeConsumer(list(settings.items()), token_provider=client.token_provider())
     except SettingRefused as e:
         raise OptionError(f"kafka.{e.args[0]}", f"rejected by the Kafka client: {e.args[1]}") from None
     except NativeKafkaError as e:

@@ -1,7 +1,8 @@
 //! lastagent's compiled Kafka path (`lastagent._native`). Runs on executors, inside Spark's
 //! Python worker.
 //!
-//! `BranchProducer` (producer.rs) is the sink's transactional branch producer.
+//! `BranchProducer` (producer.rs) is the sink's transactional branch producer. Both clients log
+//! in with SASL/OAUTHBEARER through a Python token provider when given one (oauth.rs).
 //!
 //! `RangeConsumer` reads one partition's offset range with librdkafka and builds the records
 //! straight into Arrow arrays, in the row schema of Spark's `kafka` source, without a Python
@@ -26,7 +27,10 @@ use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 use rdkafka_sys as rd;
 
+mod oauth;
 mod producer;
+
+use oauth::TokenProvider;
 
 create_exception!(_native, NativeKafkaError, PyException, "librdkafka refused a call (the message says which).");
 create_exception!(_native, SettingRefused, NativeKafkaError, "librdkafka refused a setting: args are (name, librdkafka's text).");
@@ -274,6 +278,11 @@ struct RangeConsumer {
     handle: Option<Handle>,
     topic: String,
     partition: i32,
+    /// SASL/OAUTHBEARER tokens (oauth.rs); the client's opaque points at it. Boxed: stays in place
+    /// while the handle lives, and is dropped after it is destroyed (`Drop`). Only owned here:
+    /// the token refresh callback reads it.
+    #[allow(dead_code)]
+    token_provider: Option<Box<TokenProvider>>,
 }
 
 impl RangeConsumer {
@@ -349,20 +358,45 @@ fn fill(h: Handle, cols: &mut Columns, until: i64, max_rows: usize, wait_ms: i32
 #[pymethods]
 impl RangeConsumer {
     /// Creates the consumer from librdkafka settings (name, value) pairs.
+    /// `token_provider`: for SASL/OAUTHBEARER, a callable returning (token, expiry in ms since the
+    /// epoch, principal, extensions dict), called on librdkafka's background thread (oauth.rs).
     #[new]
-    fn new(settings: Vec<(String, String)>) -> PyResult<Self> {
+    #[pyo3(signature = (settings, token_provider=None))]
+    fn new(py: Python<'_>, settings: Vec<(String, String)>, token_provider: Option<Bound<'_, PyAny>>) -> PyResult<Self> {
+        let token_provider = token_provider.as_ref().map(TokenProvider::new).transpose()?.map(Box::new);
         unsafe {
             let conf = new_conf(&settings)?;
             let mut errbuf = [0 as c_char; 512];
+            if let Some(p) = &token_provider {
+                rd::rd_kafka_conf_set_opaque(conf, &**p as *const TokenProvider as *mut c_void);
+                // SAFETY: conf is live; its opaque is the boxed provider, which the consumer keeps
+                // (in place) until after rd_kafka_destroy (close, Drop).
+                oauth::configure::<TokenProvider>(conf);
+            }
             let rk = rd::rd_kafka_new(rd::rd_kafka_type_t::RD_KAFKA_CONSUMER, conf, errbuf.as_mut_ptr(), errbuf.len());
             if rk.is_null() {
                 rd::rd_kafka_conf_destroy(conf); // not taken over on failure
                 return Err(NativeKafkaError::new_err(format!("creating the consumer failed: {}", text(errbuf.as_ptr()))));
             }
+            if token_provider.is_some() {
+                // SAFETY: rk was just created from a conf prepared by oauth::configure.
+                if let Err(e) = oauth::serve_in_background(rk) {
+                    let rk = Handle { rk, queue: ptr::null_mut() };
+                    // Without the GIL: a refresh already under way waits for it.
+                    py.detach(move || {
+                        let h = rk;
+                        // SAFETY: rk is live and not shared yet; destroyed once.
+                        rd::rd_kafka_destroy(h.rk)
+                    });
+                    return Err(NativeKafkaError::new_err(format!(
+                        "a token_provider needs security.protocol SASL_PLAINTEXT or SASL_SSL and sasl.mechanism OAUTHBEARER: {e}"
+                    )));
+                }
+            }
             // Errors and logs of the client come out of the consumer queue, in order with the records.
             rd::rd_kafka_poll_set_consumer(rk);
             let queue = rd::rd_kafka_queue_get_consumer(rk);
-            Ok(RangeConsumer { handle: Some(Handle { rk, queue }), topic: String::new(), partition: -1 })
+            Ok(RangeConsumer { handle: Some(Handle { rk, queue }), topic: String::new(), partition: -1, token_provider })
         }
     }
 
@@ -461,9 +495,13 @@ fn destroy(h: Handle) {
 }
 
 impl Drop for RangeConsumer {
+    /// Runs with the GIL held (the Python object's deallocation); destroys the handle before the
+    /// token provider goes.
     fn drop(&mut self) {
         if let Some(h) = self.handle.take() {
-            destroy(h);
+            // Without the GIL: rd_kafka_destroy joins the background thread, whose token refresh
+            // may be waiting for the GIL.
+            Python::attach(|py| py.detach(move || destroy(h)));
         }
     }
 }
@@ -480,6 +518,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ArrowBatch>()?;
     m.add_class::<producer::BranchProducer>()?;
     m.add_function(wrap_pyfunction!(librdkafka_version, m)?)?;
+    oauth::watch_shutdown(m.py())?;
     m.add("NativeKafkaError", m.py().get_type::<NativeKafkaError>())?;
     m.add("SettingRefused", m.py().get_type::<SettingRefused>())?;
     Ok(())

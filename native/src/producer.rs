@@ -20,6 +20,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyTuple};
 use rdkafka_sys as rd;
 
+use crate::oauth::{self, TokenProvider, TokenSource};
 use crate::{cstring, err_name, err_text, new_conf, text, NativeKafkaError};
 
 /// A librdkafka error as Python sees it: (name, text).
@@ -30,7 +31,8 @@ type KafkaErr = (String, String);
 /// index among the records the branch was given, -1 if unknown).
 type Failure = (String, String, String, i32, Option<Vec<u8>>, usize, i64);
 
-/// What librdkafka's callbacks reported. Shared with them through the client's opaque pointer.
+/// What librdkafka's callbacks reported. Shared with them through the client's opaque pointer
+/// (with the token provider, which the token refresh callback reaches the same way).
 #[derive(Default)]
 struct Reports {
     /// The first `KEEP_FAILURES` failed records, in the order their reports came.
@@ -42,6 +44,14 @@ struct Reports {
     failed: AtomicU64,
     purged: AtomicU64,
     client_errors: Mutex<Vec<KafkaErr>>,
+    /// SASL/OAUTHBEARER tokens (oauth.rs); dropped after the handle is destroyed (`Drop`).
+    token_provider: Option<TokenProvider>,
+}
+
+impl TokenSource for Reports {
+    fn token_provider(&self) -> Option<&TokenProvider> {
+        self.token_provider.as_ref()
+    }
 }
 
 const KEEP_FAILURES: usize = 16;
@@ -194,19 +204,44 @@ impl BranchProducer {
 #[pymethods]
 impl BranchProducer {
     /// Creates the producer from librdkafka settings (name, value) pairs; transactional.id among them.
+    /// `token_provider`: for SASL/OAUTHBEARER, a callable returning (token, expiry in ms since the
+    /// epoch, principal, extensions dict), called on librdkafka's background thread (oauth.rs).
     #[new]
-    fn new(settings: Vec<(String, String)>) -> PyResult<Self> {
-        let reports = Arc::new(Reports::default());
+    #[pyo3(signature = (settings, token_provider=None))]
+    fn new(py: Python<'_>, settings: Vec<(String, String)>, token_provider: Option<Bound<'_, PyAny>>) -> PyResult<Self> {
+        let token_provider = token_provider.as_ref().map(TokenProvider::new).transpose()?;
+        let with_tokens = token_provider.is_some();
+        let reports = Arc::new(Reports { token_provider, ..Reports::default() });
         unsafe {
             let conf = new_conf(&settings)?;
             let mut errbuf = [0 as c_char; 512];
             rd::rd_kafka_conf_set_opaque(conf, Arc::as_ptr(&reports) as *mut c_void);
             rd::rd_kafka_conf_set_dr_msg_cb(conf, Some(on_delivery));
             rd::rd_kafka_conf_set_error_cb(conf, Some(on_error));
+            if with_tokens {
+                // SAFETY: conf is live; its opaque is the Reports, which the producer keeps until
+                // after rd_kafka_destroy (release, Drop).
+                oauth::configure::<Reports>(conf);
+            }
             let rk = rd::rd_kafka_new(rd::rd_kafka_type_t::RD_KAFKA_PRODUCER, conf, errbuf.as_mut_ptr(), errbuf.len());
             if rk.is_null() {
                 rd::rd_kafka_conf_destroy(conf);
                 return Err(NativeKafkaError::new_err(format!("creating the producer failed: {}", text(errbuf.as_ptr()))));
+            }
+            if with_tokens {
+                // SAFETY: rk was just created from a conf prepared by oauth::configure.
+                if let Err(e) = oauth::serve_in_background(rk) {
+                    let c = Client(rk);
+                    // Without the GIL: a refresh already under way waits for it.
+                    py.detach(move || {
+                        let c = c;
+                        // SAFETY: rk is live and not shared yet; destroyed once.
+                        rd::rd_kafka_destroy(c.0)
+                    });
+                    return Err(NativeKafkaError::new_err(format!(
+                        "a token_provider needs security.protocol SASL_PLAINTEXT or SASL_SSL and sasl.mechanism OAUTHBEARER: {e}"
+                    )));
+                }
             }
             Ok(BranchProducer { client: Some(Client(rk)), reports })
         }
@@ -417,9 +452,19 @@ impl BranchProducer {
 }
 
 impl Drop for BranchProducer {
+    /// Runs with the GIL held (the Python object's deallocation); destroys the handle before the
+    /// fields (the Reports and its token provider) go.
     fn drop(&mut self) {
         if let Some(c) = self.client.take() {
-            unsafe { rd::rd_kafka_destroy(c.0) };
+            // Without the GIL: rd_kafka_destroy joins the background thread, whose token refresh
+            // may be waiting for the GIL.
+            Python::attach(|py| {
+                py.detach(move || {
+                    let c = c;
+                    // SAFETY: the handle is live and taken out of self: destroyed once.
+                    unsafe { rd::rd_kafka_destroy(c.0) }
+                })
+            });
         }
     }
 }

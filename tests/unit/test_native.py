@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
 from lastagent._native import NativeKafkaError, RangeConsumer, SettingRefused, librdkafka_version
@@ -68,3 +73,172 @@ def test_produce_columns_takes_binary_or_string_columns_only() -> None:
         assert (added, failed) == (2, None)
     finally:
         producer.release()
+
+
+# SASL/OAUTHBEARER through a Python token provider (native/src/oauth.rs). Nothing listens on
+# 127.0.0.1:1: librdkafka asks for a token when the client is created, before any connection.
+_OAUTH = [("bootstrap.servers", "127.0.0.1:1"), ("security.protocol", "SASL_PLAINTEXT"),
+          ("sasl.mechanism", "OAUTHBEARER")]
+_CONSUMER = [*_OAUTH, ("group.id", "g")]
+_PRODUCER = [*_OAUTH, ("transactional.id", "lastagent-test")]
+_OAUTH_FAILED = "Failed to acquire SASL OAUTHBEARER token: "
+
+
+class _Provider:
+    """A token provider that records its calls (they come on librdkafka's background thread)."""
+
+    def __init__(self, answer: Callable[[], Any]) -> None:
+        self.answer = answer
+        self.called = threading.Event()
+        self.threads: list[int] = []
+
+    def __call__(self) -> Any:
+        self.threads.append(threading.get_ident())
+        self.called.set()
+        return self.answer()
+
+
+def _token() -> tuple[str, int, str, dict[str, str]]:
+    return "header.payload.signature", int(time.time() * 1000) + 60_000, "lastagent", {"traceId": "abc"}
+
+
+def _refused_no_token_today() -> Any:
+    raise RuntimeError("no token today")
+
+
+def _client_errors(producer: Any, wanted: str) -> list[tuple[str, str]]:
+    """The producer's client errors once one contains `wanted`, serving its error callback for up to 10 s."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        producer.poll(100)
+        errors = producer.reports()[2]
+        if any(wanted in text for _, text in errors):
+            return errors
+    return producer.reports()[2]
+
+
+@pytest.mark.parametrize("kind", ["consumer", "producer"])
+def test_a_token_provider_is_called_without_a_poll(kind: str) -> None:
+    # librdkafka asks on its background thread: no poll, as during init_transactions.
+    from lastagent._native import BranchProducer
+
+    provider = _Provider(_token)
+    if kind == "consumer":
+        client = RangeConsumer(_CONSUMER, token_provider=provider)
+    else:
+        client = BranchProducer(_PRODUCER, token_provider=provider)
+    try:
+        assert provider.called.wait(10), "the token provider was never called"
+        assert threading.get_ident() not in provider.threads
+        if kind == "producer":  # librdkafka took the token: no refusal to report
+            client.poll(100)
+            assert not [e for e in client.reports()[2] if e[0] == "_AUTHENTICATION"]
+    finally:
+        if kind == "consumer":
+            client.close()
+        else:
+            client.release()
+
+
+def test_a_provider_that_raises_fails_the_token_with_its_exception() -> None:
+    from lastagent._native import BranchProducer
+
+    provider = _Provider(_refused_no_token_today)
+    producer = BranchProducer(_PRODUCER, token_provider=provider)
+    try:
+        assert provider.called.wait(10)
+        errors = _client_errors(producer, _OAUTH_FAILED)
+    finally:
+        producer.release()
+    assert ("_AUTHENTICATION", _OAUTH_FAILED + "the token provider raised RuntimeError: no token today") in errors
+
+    # The consumer has no error callback: librdkafka logs the reason; the client stays usable.
+    provider = _Provider(_refused_no_token_today)
+    consumer = RangeConsumer(_CONSUMER, token_provider=provider)
+    try:
+        assert provider.called.wait(10)
+        consumer.assign("t", 0, 0)
+        assert consumer.next_batch(10, 10, 100, False)[2] == "wait"
+    finally:
+        consumer.close()
+
+
+def test_a_provider_that_returns_the_wrong_shape_fails_the_token() -> None:
+    from lastagent._native import BranchProducer
+
+    provider = _Provider(lambda: "header.payload.signature")
+    producer = BranchProducer(_PRODUCER, token_provider=provider)
+    try:
+        assert provider.called.wait(10)
+        errors = _client_errors(producer, _OAUTH_FAILED)
+    finally:
+        producer.release()
+    assert ("_AUTHENTICATION", _OAUTH_FAILED + "the token provider returned a str, not (token: str, expiry_ms: int, "
+            "principal: str, extensions: dict[str, str])") in errors
+    assert not any("header.payload" in text for _, text in errors)
+
+    provider = _Provider(lambda: ("header.payload.signature", 1, "lastagent", None))
+    consumer = RangeConsumer(_CONSUMER, token_provider=provider)
+    assert provider.called.wait(10)
+    consumer.close()
+
+
+def test_a_refused_token_is_never_quoted() -> None:
+    # librdkafka's own refusal of a token with a control character quotes the token: checked first.
+    from lastagent._native import BranchProducer
+
+    def token_with_a_control_character() -> tuple[str, int, str, dict[str, str]]:
+        return "secret\x01token", int(time.time() * 1000) + 60_000, "lastagent", {}
+
+    producer = BranchProducer(_PRODUCER, token_provider=_Provider(token_with_a_control_character))
+    try:
+        errors = _client_errors(producer, _OAUTH_FAILED)
+    finally:
+        producer.release()
+    failures = [text for name, text in errors if name == "_AUTHENTICATION"]
+    assert failures and "characters SASL/OAUTHBEARER does not allow" in failures[0]
+    assert not any("secret" in text for _, text in errors)
+
+    # An expired token: librdkafka's reason (times only) is passed on.
+    producer = BranchProducer(_PRODUCER, token_provider=_Provider(lambda: ("secret", 1000, "lastagent", {})))
+    try:
+        errors = _client_errors(producer, _OAUTH_FAILED)
+    finally:
+        producer.release()
+    assert any("Must supply an unexpired token" in text for _, text in errors)
+    assert not any("secret" in text for _, text in errors)
+
+
+def test_a_token_provider_needs_oauthbearer_and_a_callable() -> None:
+    from lastagent._native import BranchProducer
+
+    no_sasl = [("bootstrap.servers", "127.0.0.1:1")]
+    with pytest.raises(NativeKafkaError, match="token_provider needs .* sasl.mechanism OAUTHBEARER"):
+        RangeConsumer([*no_sasl, ("group.id", "g")], token_provider=_token)
+    with pytest.raises(NativeKafkaError, match="token_provider needs .* sasl.mechanism OAUTHBEARER"):
+        BranchProducer(no_sasl, token_provider=_token)
+    # librdkafka's own unsecured-JWT maker and a provider exclude each other.
+    with pytest.raises(NativeKafkaError, match="mutually exclusive"):
+        BranchProducer([*_OAUTH, ("enable.sasl.oauthbearer.unsecure.jwt", "true")], token_provider=_token)
+    with pytest.raises(TypeError, match="token_provider must be callable, not str"):
+        RangeConsumer(_CONSUMER, token_provider="header.payload.signature")
+
+
+def test_oauthbearer_without_a_provider_is_as_before() -> None:
+    from lastagent._native import BranchProducer
+
+    consumer = RangeConsumer(_CONSUMER)
+    consumer.close()
+    producer = BranchProducer(_PRODUCER, token_provider=None)
+    try:
+        producer.poll(100)
+        assert not [e for e in producer.reports()[2] if e[0] == "_AUTHENTICATION"]
+    finally:
+        producer.release()
+    # librdkafka's own unsecured-JWT maker still answers (here: refuses its empty config).
+    producer = BranchProducer([*_OAUTH, ("enable.sasl.oauthbearer.unsecure.jwt", "true")])
+    try:
+        errors = _client_errors(producer, _OAUTH_FAILED)
+    finally:
+        producer.release()
+    assert any("sasl.oauthbearer.config" in text for _, text in errors)
