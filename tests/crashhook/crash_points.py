@@ -9,13 +9,24 @@ mid-write; Spark retries it), or with ``LASTAGENT_CRASH_SCOPE=machine`` the whol
 it runs on: the group ``LASTAGENT_MACHINE_PGID`` (a standalone worker's JVM and its executor JVMs,
 see tests/cluster) and its own (pyspark's daemon leads a group of its own). ``<state>.fired``
 names the point that fired.
+
+``LASTAGENT_PAUSE_AT=<point>`` with ``LASTAGENT_PAUSE_DIR=<dir>`` pauses instead, so that a harness can
+break something at that exact point (kill a broker between the decision and phase 2): once
+``<dir>/armed`` exists, each thread that reaches the point (one query's commit) writes
+``<dir>/paused-<pid>-<thread>`` and waits for ``<dir>/resume``, once per thread; a pause longer than
+``PAUSE_LIMIT_S`` raises, so a harness that never resumes fails the query instead of hanging it.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from pathlib import Path
+
+PAUSE_LIMIT_S = 600.0
+_paused: set[int] = set()
 
 
 def kill_at(name: str) -> None:
@@ -42,3 +53,19 @@ def kill_at(name: str) -> None:
     if driver_group and int(driver_group) != os.getpgid(0):
         os.killpg(int(driver_group), signal.SIGKILL)
     os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+def pause_at(name: str) -> None:
+    if name != os.environ.get("LASTAGENT_PAUSE_AT"):
+        return
+    where = Path(os.environ["LASTAGENT_PAUSE_DIR"])
+    thread = threading.get_ident()
+    if not (where / "armed").exists() or thread in _paused:
+        return
+    _paused.add(thread)
+    (where / f"paused-{os.getpid()}-{thread}").write_text(name)
+    deadline = time.monotonic() + PAUSE_LIMIT_S
+    while not (where / "resume").exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"paused at {name} for {PAUSE_LIMIT_S:.0f} s and never resumed ({where})")
+        time.sleep(0.1)

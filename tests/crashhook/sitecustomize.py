@@ -1,4 +1,4 @@
-"""Installs the crash hook in every Python process of a crash test: the driver and Spark's workers.
+"""Installs the crash hook (or the pause hook) in every Python process of a test's driver and Spark's workers.
 
 Only the crash tests put this directory on ``PYTHONPATH`` (``support.run_driver``); Python imports
 ``sitecustomize`` at start-up, so the hook is in place before the connector runs. Nothing here is
@@ -16,3 +16,9 @@ if os.environ.get("LASTAGENT_CRASH_AT"):
     from lastagent import faults
 
     faults.install(crash_points.kill_at)
+elif os.environ.get("LASTAGENT_PAUSE_AT"):
+    import crash_points
+
+    from lastagent import faults
+
+    faults.install(crash_points.pause_at)

@@ -10,10 +10,14 @@ adding orders to the source topic and rows to the source table. Meanwhile the ha
 2. SIGKILLs the node that coordinates the most open transactions of the links, mid-epoch, and starts
    it again 15 s later.
 
-A second test takes one replica of a two-replica output topic away for 30 s, so that
+In a second run of the three links, each query is held right after its decision (the arbitration record
+written, every branch prepared, phase 2 not begun); the node coordinating most of those branches is
+SIGKILLed, the queries go on, and the node comes back 15 s later.
+
+A third test takes one replica of a two-replica output topic away for 30 s, so that
 ``min.insync.replicas=2`` refuses every write to it (``NOT_ENOUGH_REPLICAS``): the Kafka → Kafka link
 waits it out.
-A third SIGKILLs two of the three nodes for 15 s: the controller quorum, the transaction log's and every
+A fourth SIGKILLs two of the three nodes for 15 s: the controller quorum, the transaction log's and every
 topic's in-sync replicas are all short; the Kafka → Kafka link waits it out too.
 
 No query may fail (the driver exits 0 after draining). Then every record is there once, read back by
@@ -127,8 +131,9 @@ def _wait_for_first_epochs(proc: subprocess.Popen, base: Path, log: Path, timeou
     raise AssertionError(f"not every link committed an epoch within {timeout_s:.0f}s; see {log}")
 
 
-def _busiest_coordinator(bootstrap: str, link: str, timeout_s: float = 120) -> int:
-    """The node that coordinates the most open (Ongoing) transactions of the link's three queries."""
+def _busiest_coordinator(bootstrap: str, link: str, timeout_s: float = 120, with_count: bool = False) -> Any:
+    """The node that coordinates the most open (Ongoing) transactions of the link's three queries
+    (with ``with_count``: and how many of them)."""
     from kafka.admin import KafkaAdminClient
 
     deadline = time.monotonic() + timeout_s
@@ -140,7 +145,8 @@ def _busiest_coordinator(bootstrap: str, link: str, timeout_s: float = 120) -> i
                    if t.transactional_id.startswith(f"lastagent-{link}-")]
             if ids:
                 counts = Counter(d.coordinator_id for d in admin.describe_transactions(ids).values())
-                return counts.most_common(1)[0][0]
+                node, held = counts.most_common(1)[0]
+                return (node, held) if with_count else node
         finally:
             admin.close()
         time.sleep(0.2)
@@ -156,6 +162,56 @@ def once(counts: Counter, expected: list[int], what: str) -> None:
 @pytest.mark.timeout(1800)
 def test_three_links_ride_through_a_rolling_restart_and_a_coordinator_kill(kafka_cluster, cluster_topic, spark,
                                                                            tmp_path, monkeypatch):
+    def rolling_restart_then_coordinator_kill(link: str, proc: subprocess.Popen, log: Path) -> None:
+        for node in kafka_cluster.nodes:
+            kafka_cluster.stop(node)
+            assert proc.poll() is None, f"the driver failed while node {node} was down; see {log}"
+            kafka_cluster.start(node)
+            in_sync(kafka_cluster)
+        coordinator = _busiest_coordinator(kafka_cluster.bootstrap, link)
+        kafka_cluster.kill(coordinator)  # mid-epoch: the link has open transactions there
+        time.sleep(15)
+        assert proc.poll() is None, f"the driver failed while coordinator {coordinator} was down; see {log}"
+        kafka_cluster.start(coordinator)
+        in_sync(kafka_cluster)
+
+    _three_links_through(rolling_restart_then_coordinator_kill, kafka_cluster, cluster_topic, spark, tmp_path,
+                         monkeypatch)
+
+
+@pytest.mark.timeout(1800)
+def test_three_links_ride_through_the_coordinator_killed_between_decision_and_phase_2(kafka_cluster, cluster_topic,
+                                                                                     spark, tmp_path, monkeypatch):
+    """Each of the three queries stops right after its last agent's decision (tests/crashhook's pause at
+    ``after_arbitration``) with its branches prepared; the node coordinating most of them is SIGKILLed,
+    then the queries go on to phase 2, which must wait for the coordinators to move."""
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    monkeypatch.setenv("LASTAGENT_PAUSE_AT", "after_arbitration")
+    monkeypatch.setenv("LASTAGENT_PAUSE_DIR", str(pause))
+
+    def kill_between_decision_and_phase_2(link: str, proc: subprocess.Popen, log: Path) -> None:
+        (pause / "armed").touch()
+        deadline = time.monotonic() + 300
+        while len(list(pause.glob("paused-*"))) < len(LINKS):
+            assert proc.poll() is None, f"the driver ended while pausing (exit {proc.returncode}); see {log}"
+            assert time.monotonic() < deadline, f"not every query reached after_arbitration; see {log}"
+            time.sleep(0.2)
+        coordinator, held = _busiest_coordinator(kafka_cluster.bootstrap, link, with_count=True)
+        kafka_cluster.kill(coordinator)  # decided, prepared, and phase 2 not yet begun
+        (pause / "resume").touch()
+        time.sleep(15)
+        assert proc.poll() is None, f"the driver failed while coordinator {coordinator} was down; see {log}"
+        kafka_cluster.start(coordinator)
+        in_sync(kafka_cluster)
+        assert held > 0  # the kill hit decided branches (else the test would prove nothing)
+
+    _three_links_through(kill_between_decision_and_phase_2, kafka_cluster, cluster_topic, spark, tmp_path, monkeypatch)
+
+
+def _three_links_through(fault, kafka_cluster, cluster_topic, spark, tmp_path: Path, monkeypatch) -> None:
+    """The three links run while ``fault(link, driver, log)`` breaks the cluster; no query may fail, then every
+    record is there once, no transaction is open and ``lastagent status`` is clean for each link."""
     bootstrap = kafka_cluster.bootstrap
     orders, sink_topic, copy_topic = cluster_topic(2, "orders"), cluster_topic(2, "sink"), cluster_topic(2, "copy")
     dead, side = cluster_topic(1, "dead"), cluster_topic(2, "side")
@@ -172,17 +228,7 @@ def test_three_links_ride_through_a_rolling_restart_and_a_coordinator_kill(kafka
     try:
         _wait_for_first_epochs(proc, base, log)
         feeder.start()
-        for node in kafka_cluster.nodes:  # the rolling restart
-            kafka_cluster.stop(node)
-            assert proc.poll() is None, f"the driver failed while node {node} was down; see {log}"
-            kafka_cluster.start(node)
-            in_sync(kafka_cluster)
-        coordinator = _busiest_coordinator(bootstrap, link)
-        kafka_cluster.kill(coordinator)  # mid-epoch: the link has open transactions there
-        time.sleep(15)
-        assert proc.poll() is None, f"the driver failed while coordinator {coordinator} was down; see {log}"
-        kafka_cluster.start(coordinator)
-        in_sync(kafka_cluster)
+        fault(link, proc, log)
     finally:
         code = _drain(proc, feeder, until)
     assert code == 0, f"a query failed during the broker loss (exit {code}); see {log}:\n{_tail(log)}"
