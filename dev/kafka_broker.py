@@ -15,10 +15,13 @@ Usage::
 
 ``up`` and ``down`` are idempotent.
 
-``--secured`` starts a broker that clients reach only over SASL_SSL (SCRAM-SHA-512, or PLAIN, on
-TLS from a throw-away PKI that ``dev/tls.py`` makes in ``<dir>/pki``), with ACLs enforced: see
-``SECURED_PROPERTIES`` and ``USERS``. It uses three ports: the client port, the controller's
-(+1) and the inter-broker one (+2).
+``--secured`` starts a broker that clients reach only over SASL_SSL (SCRAM-SHA-512, PLAIN or
+OAUTHBEARER, on TLS from a throw-away PKI that ``dev/tls.py`` makes in ``<dir>/pki``), with ACLs
+enforced: see ``SECURED_PROPERTIES`` and ``USERS``. OAUTHBEARER tokens are RS256 JWTs checked against
+the JWKS that ``dev/oidc.py`` makes in ``<dir>/oidc`` (a file, loaded at startup); its token
+endpoint, ``python dev/oidc.py serve``, issues them (client ``carol``/``carol-secret``, principal
+``User:carol``). It uses three ports: the client port, the controller's (+1) and the inter-broker
+one (+2).
 
 ``--cluster`` starts a replicated cluster of three nodes (:class:`Cluster`): replication factor 3
 for every topic and the internal ones, ``min.insync.replicas=2``; node n on ports base+2(n-1) and
@@ -35,6 +38,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 import pidfile  # dev/, stdlib only
@@ -95,12 +99,16 @@ USERS = {ADMIN: "admin-secret", "alice": "alice-secret", "bob": "bob-secret"}
 _PLAIN_USERS = " ".join(f'user_{name}="{password}"' for name, password in USERS.items())
 _SCRAM_LOGIN = "org.apache.kafka.common.security.scram.ScramLoginModule required"
 _PLAIN_LOGIN = "org.apache.kafka.common.security.plain.PlainLoginModule required"
+_OAUTHBEARER_LOGIN = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required"
+_OAUTHBEARER_VALIDATOR = "org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler"
+_BROKER_JWT_VALIDATOR = "org.apache.kafka.common.security.oauthbearer.BrokerJwtValidator"
 
 # Three listeners, each bound to 127.0.0.1 and each authenticated:
 #   CLIENT     SASL_SSL        {port}       what clients use. TLS from dev/tls.py; SCRAM-SHA-512 (the
-#                                           users above) or PLAIN (the same names and passwords, kept in
-#                                           the JAAS line below). Client certificates are requested, not
-#                                           required: if one is sent it must chain to the test CA.
+#                                           users above), PLAIN (the same names and passwords, kept in
+#                                           the JAAS line below) or OAUTHBEARER (see below). Client
+#                                           certificates are requested, not required: if one is sent it
+#                                           must chain to the test CA.
 #   CONTROLLER SASL_PLAINTEXT  {port}+1     KRaft's own: the broker half of this node registers and
 #                                           heartbeats here. PLAIN, checked against the static JAAS line
 #                                           below, so authenticating here never depends on the metadata
@@ -116,6 +124,16 @@ _PLAIN_LOGIN = "org.apache.kafka.common.security.plain.PlainLoginModule required
 # the principal it uses must be a super user; keeping it User:admin means super.users has a single
 # entry, and no unauthenticated principal (User:ANONYMOUS, what a PLAINTEXT controller listener
 # would give) is ever a super user.
+# OAUTHBEARER on CLIENT: Kafka's own validator (OAuthBearerValidatorCallbackHandler) accepts an RS256
+# JWT whose signature checks against the JWKS dev/oidc.py made in <dir>/oidc, whose iss and aud are
+# dev/oidc.py's ISSUER and AUDIENCE and which has not expired; the principal is User:<sub> (the OAuth
+# client id, e.g. User:carol). The JWKS is a file:// URL, so the broker needs no HTTP server: the file
+# must exist when the broker starts (it is loaded then; 4.1.1 reloads it when its modification time
+# changes). Kafka 4 only opens URLs and files the JVM allows (secured_jvm_flags). The validator class
+# must be named: in 4.1.1 the handler's default, DefaultJwtValidator, is built without the JWKS and
+# falls back to ClientJwtValidator, which checks neither signature nor audience nor issuer (any
+# well-formed JWT logs in). The broker itself never logs in with OAUTHBEARER: the JAAS line has no
+# options.
 SECURED_PROPERTIES = COMMON_PROPERTIES + f"""\
 listeners=CLIENT://127.0.0.1:{{port}},CONTROLLER://127.0.0.1:{{controller_port}},INTERNAL://127.0.0.1:{{internal_port}}
 advertised.listeners=CLIENT://127.0.0.1:{{port}},INTERNAL://127.0.0.1:{{internal_port}}
@@ -125,9 +143,15 @@ sasl.enabled.mechanisms=SCRAM-SHA-512
 sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
 sasl.mechanism.controller.protocol=PLAIN
 
-listener.name.client.sasl.enabled.mechanisms=SCRAM-SHA-512,PLAIN
+listener.name.client.sasl.enabled.mechanisms=SCRAM-SHA-512,PLAIN,OAUTHBEARER
 listener.name.client.scram-sha-512.sasl.jaas.config={_SCRAM_LOGIN};
 listener.name.client.plain.sasl.jaas.config={_PLAIN_LOGIN} {_PLAIN_USERS};
+listener.name.client.oauthbearer.sasl.jaas.config={_OAUTHBEARER_LOGIN};
+listener.name.client.oauthbearer.sasl.server.callback.handler.class={_OAUTHBEARER_VALIDATOR}
+sasl.oauthbearer.jwt.validator.class={_BROKER_JWT_VALIDATOR}
+sasl.oauthbearer.jwks.endpoint.url={{jwks_url}}
+sasl.oauthbearer.expected.audience={{audience}}
+sasl.oauthbearer.expected.issuer={{issuer}}
 listener.name.client.ssl.keystore.type=PKCS12
 listener.name.client.ssl.keystore.location={{keystore}}
 listener.name.client.ssl.keystore.password={{keystore_password}}
@@ -186,10 +210,10 @@ def resolve_jars() -> Path:
     return JARS
 
 
-def _java(main: str, *args: str, log4j: Path) -> list[str]:
+def _java(main: str, *args: str, log4j: Path, jvm_flags: Sequence[str] = ()) -> list[str]:
     return [
         "java", "-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-Djava.awt.headless=true",
-        f"-Dlog4j2.configurationFile={log4j}",
+        f"-Dlog4j2.configurationFile={log4j}", *jvm_flags,
         "-cp", str(JARS / "*"), main, *args,
     ]
 
@@ -222,6 +246,38 @@ def secured_pki(workdir: Path) -> dict[str, Path]:
     return _tls().make_pki(pki_dir(workdir))
 
 
+def _oidc():
+    """dev/oidc.py, loaded by path like dev/tls.py."""
+    spec = importlib.util.spec_from_file_location("lastagent_dev_oidc", Path(__file__).with_name("oidc.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def oidc_dir(workdir: Path) -> Path:
+    """Where the secured broker started in workdir keeps the OAuth signing key and its JWKS (dev/oidc.py)."""
+    return Path(workdir) / "oidc"
+
+
+def secured_oidc(workdir: Path) -> dict:
+    """What the secured broker's OAUTHBEARER validation uses, made once: ``dir``, ``key`` (the RSA
+    signing key, PEM), ``jwks`` (its JWKS file), ``jwks_url`` (file://), ``kid``, ``issuer``,
+    ``audience``, and the test ``clients`` (id -> secret) for ``dev/oidc.py``'s token endpoint."""
+    oidc = _oidc()
+    keys = oidc.make_keys(oidc_dir(workdir))
+    return {**keys, "dir": oidc_dir(workdir), "jwks_url": keys["jwks"].resolve().as_uri(), "issuer": oidc.ISSUER,
+            "audience": oidc.AUDIENCE, "clients": dict(oidc.CLIENTS)}
+
+
+def secured_jvm_flags(workdir: Path) -> list[str]:
+    """The secured broker's JVM flags: Kafka 4 reads an OAuth URL or file only if these allow it (the
+    JWKS file, nothing else)."""
+    oidc = secured_oidc(workdir)
+    return [f"-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls={oidc['jwks_url']}",
+            f"-Dorg.apache.kafka.sasl.oauthbearer.allowed.files={oidc['jwks'].resolve()}"]
+
+
 def _server_properties(port: int, log_dir: Path, workdir: Path, secured: bool, *, node_id: int = 1,
                        voters: str | None = None, replicas: int = 1, min_isr: int = 1) -> str:
     shared = {"port": port, "controller_port": port + 1, "log_dir": log_dir, "txn_max": TRANSACTION_MAX_TIMEOUT_MS,
@@ -231,10 +287,12 @@ def _server_properties(port: int, log_dir: Path, workdir: Path, secured: bool, *
         return SERVER_PROPERTIES.format(**shared)
     tls = _tls()
     pki = tls.make_pki(pki_dir(workdir))
+    oidc = secured_oidc(workdir)
     return SECURED_PROPERTIES.format(
         **shared, internal_port=port + 2,
         keystore=pki["broker_keystore"], keystore_password=tls.BROKER_KEYSTORE_PASSWORD,
         truststore=pki["truststore_p12"], truststore_password=tls.TRUSTSTORE_PASSWORD,
+        jwks_url=oidc["jwks_url"], audience=oidc["audience"], issuer=oidc["issuer"],
     )
 
 
@@ -278,14 +336,15 @@ def _configure(workdir: Path, properties: str, cluster_id: str, extra_format_arg
 class _Starting:
     """A node's JVM, launched; :meth:`wait` returns once the node says it started."""
 
-    def __init__(self, workdir: Path, port: int) -> None:
+    def __init__(self, workdir: Path, port: int, jvm_flags: Sequence[str] = ()) -> None:
         self.workdir, self.port = workdir, port
         self.server_log = workdir / "server.log"
         # The log is appended across restarts: only what this start writes counts.
         self.offset = self.server_log.stat().st_size if self.server_log.exists() else 0
         with open(workdir / "stdout.log", "ab") as out:
             self.proc = subprocess.Popen(
-                _java("kafka.Kafka", str(workdir / "server.properties"), log4j=workdir / "log4j2.properties"),
+                _java("kafka.Kafka", str(workdir / "server.properties"), log4j=workdir / "log4j2.properties",
+                      jvm_flags=jvm_flags),
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,  # outlives the caller (make kafka-up) until kafka-down
             )
@@ -313,7 +372,8 @@ def up(port: int = DEFAULT_PORT, workdir: Path | None = None, wait_s: float = 12
     """Starts the broker unless it already runs; returns its bootstrap servers string.
 
     ``secured=True``: SASL_SSL with ACLs (``SECURED_PROPERTIES``), on port, port+1 and port+2; the
-    PKI is in ``pki_dir(workdir)``. A log dir keeps the mode it was formatted in.
+    PKI is in ``pki_dir(workdir)``, the OAuth signing key and JWKS in ``oidc_dir(workdir)``. A log dir
+    keeps the mode it was formatted in.
     """
     workdir = Path(workdir or CACHE / "kafka" / str(port))
     bootstrap = f"127.0.0.1:{port}"
@@ -335,7 +395,7 @@ def up(port: int = DEFAULT_PORT, workdir: Path | None = None, wait_s: float = 12
     _configure(workdir, _server_properties(port, workdir / "data", workdir, secured), new_cluster_id(),
                scram if secured else [])
     mode_file.write_text(f"{mode}\n")
-    _Starting(workdir, port).wait(time.monotonic() + wait_s)
+    _Starting(workdir, port, secured_jvm_flags(workdir) if secured else []).wait(time.monotonic() + wait_s)
     return bootstrap
 
 
@@ -457,8 +517,11 @@ def main(argv: list[str] | None = None) -> int:
             bootstrap = up(port, workdir, secured=args.secured)
             print(f"kafka: broker answers at {bootstrap} (pid {_read_pid(workdir)})")
             if args.secured:
+                oidc = secured_oidc(workdir)
                 print(f"kafka: SASL_SSL, SCRAM-SHA-512 users {', '.join(f'{u}/{p}' for u, p in USERS.items())}; "
                       f"PKI (CA ca.pem, truststore.p12 password trustpass) in {pki_dir(workdir)}")
+                print(f"kafka: OAUTHBEARER: RS256 JWTs, iss {oidc['issuer']}, aud {oidc['audience']}, keys in "
+                      f"{oidc['dir']}; token endpoint: python dev/oidc.py serve --dir {oidc['dir']}")
         elif args.command == "down":
             down(port, workdir)
             print("kafka: broker stopped")

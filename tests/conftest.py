@@ -7,6 +7,8 @@ The broker fixture reuses a broker that already answers on ``LASTAGENT_KAFKA_POR
 
 ``secured_kafka`` starts a second, secured broker (SASL_SSL, SCRAM-SHA-512, ACLs; see
 ``dev/kafka_broker.py``) only in sessions where some test asks for it, and stops it at the end.
+``oidc_endpoint`` adds an OAuth 2.0 token endpoint (``dev/oidc.py``) whose tokens that broker accepts
+(SASL/OAUTHBEARER).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ sys.path.insert(0, str(ROOT / "dev"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import kafka_broker  # noqa: E402  (dev/, stdlib only)
+import oidc  # noqa: E402  (dev/, stdlib only)
 import s3_server  # noqa: E402  (dev/, stdlib only)
 
 
@@ -251,6 +254,55 @@ def grant(secured_admin) -> Callable[..., None]:
             time.sleep(0.05)
 
     return grant_
+
+
+@dataclass(frozen=True)
+class OidcEndpoint:
+    """A running OAuth 2.0 client-credentials token endpoint (``dev/oidc.py``) whose RS256 JWTs the
+    secured broker accepts on its client listener (SASL/OAUTHBEARER, principal ``User:<client id>``).
+
+    ``url`` takes ``POST grant_type=client_credentials`` with the client in HTTP Basic (or in the
+    form); ``client_id`` / ``client_secret`` are the dev client (carol, no ACLs until a test grants
+    some); ``keys`` are the signing key and JWKS the broker verifies with (``oidc.sign(claims, keys)``
+    makes tokens the endpoint would not); ``requests`` counts the tokens issued so far.
+    """
+
+    server: oidc.TokenServer
+    client_id: str
+    client_secret: str
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def issuer(self) -> str:
+        return self.server.issuer
+
+    @property
+    def audience(self) -> str:
+        return self.server.audience
+
+    @property
+    def keys(self) -> dict[str, Any]:
+        return self.server.keys
+
+    @property
+    def requests(self) -> int:
+        return self.server.requests
+
+
+@pytest.fixture(scope="session")
+def oidc_endpoint(secured_kafka: SecuredKafka) -> Iterator[OidcEndpoint]:
+    """The token endpoint of the secured broker's OAUTHBEARER logins, on a free port; stopped at the end."""
+    settings = kafka_broker.secured_oidc(secured_kafka.workdir)
+    server = oidc.TokenServer(settings["dir"], settings["clients"], issuer=settings["issuer"],
+                              audience=settings["audience"]).start()
+    try:
+        client_id, client_secret = next(iter(settings["clients"].items()))
+        yield OidcEndpoint(server, client_id, client_secret)
+    finally:
+        server.stop()
 
 
 # --- the S3-compatible server ---------------------------------------------------------------------
