@@ -206,3 +206,18 @@ def in_sync(cluster: Any, timeout_s: float = 240.0) -> None:
             last = f"{type(exc).__name__}: {exc}"
         time.sleep(1)
     raise AssertionError(f"the cluster did not get back in sync within {timeout_s:.0f}s: {last}")
+
+
+def link_acls(link: str, *, read: tuple[str, ...] = (), write: tuple[str, ...] = ()) -> list[tuple]:
+    """The ACLs docs/security.md lists for a link: (resource type, name, operations, pattern)."""
+    return ([("TOPIC", t, ["READ", "DESCRIBE"], "LITERAL") for t in read]
+            + [("GROUP", "lastagent-source-", ["READ"], "PREFIXED") for _ in read[:1]]
+            + [("TOPIC", t, ["WRITE", "DESCRIBE"], "LITERAL") for t in write]
+            + [("TRANSACTIONAL_ID", f"lastagent-{link}-", ["WRITE", "DESCRIBE"], "PREFIXED"),
+               ("CLUSTER", "kafka-cluster", ["DESCRIBE_CONFIGS"], "LITERAL")])
+
+
+def grant_all(grant: Callable[..., None], acls: list[tuple], principal: str = "alice") -> None:
+    """Grants each of ``acls`` (from :func:`link_acls`) to ``principal`` on the secured broker."""
+    for rtype, name, ops, pattern in acls:
+        grant(principal, rtype, name, ops, pattern=pattern)

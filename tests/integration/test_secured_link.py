@@ -23,6 +23,7 @@ from pathlib import Path
 import kafka_broker
 import pytest
 import support
+from support import grant_all, link_acls
 from confluent_kafka import Producer
 
 from lastagent.errors import KafkaProtocolError, OptionError
@@ -39,20 +40,6 @@ ROWS, POISON = 200, {17, 151}
 REFUSED_LOGIN = "check the username and password in kafka.sasl.jaas.config"
 #: Bound of every failing connection in these tests: the admin's request timeout plus slack.
 TIMEOUT_MS = 5000
-
-
-def link_acls(link: str, *, read: tuple[str, ...] = (), write: tuple[str, ...] = ()) -> list[tuple]:
-    """The ACLs docs/security.md lists for a link: (resource type, name, operations, pattern)."""
-    return ([("TOPIC", t, ["READ", "DESCRIBE"], "LITERAL") for t in read]
-            + [("GROUP", "lastagent-source-", ["READ"], "PREFIXED") for _ in read[:1]]
-            + [("TOPIC", t, ["WRITE", "DESCRIBE"], "LITERAL") for t in write]
-            + [("TRANSACTIONAL_ID", f"lastagent-{link}-", ["WRITE", "DESCRIBE"], "PREFIXED"),
-               ("CLUSTER", "kafka-cluster", ["DESCRIBE_CONFIGS"], "LITERAL")])
-
-
-def grant_all(grant: Callable[..., None], acls: list[tuple], principal: str = USER) -> None:
-    for rtype, name, ops, pattern in acls:
-        grant(principal, rtype, name, ops, pattern=pattern)
 
 
 def properties(path: Path, secured_kafka, password: str = PASSWORD) -> Path:
