@@ -57,7 +57,7 @@ def _committer(args: argparse.Namespace) -> Any:
     options = DeltaSinkOptions.parse({**raw, "path": args.table})
     # Side outputs are the query's options, not the command's: always look for open branches.
     return Committer(options, store=TargetTableStore(args.table, storage=options.storage),
-                     xa=KafkaXAResource(options.client_config, options.transaction_timeout_ms))
+                     xa=KafkaXAResource(options.client_config))
 
 
 def read_properties(path: str) -> dict[str, str]:

@@ -62,7 +62,7 @@ class Committer:
         self.link: str = options.link
         self.store: ArbitrationStore = store or DeltaArbitrationStore(options.arbitration_table, options.storage)
         if xa is None and getattr(options, "has_kafka", True):
-            xa = KafkaXAResource(options.client_config, options.transaction_timeout_ms)
+            xa = KafkaXAResource(options.client_config)
         self.xa = xa
         self.checkpoint: CheckpointReader = checkpoint or SparkCheckpoint(options.checkpoint_location,
                                                                           options.storage)

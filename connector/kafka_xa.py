@@ -522,14 +522,12 @@ class KafkaXAResource:
 
     Args:
         client_config: kafka settings with the ``kafka.`` prefix removed (bootstrap.servers...).
-        timeout_ms: transaction timeout given to new branches (``set_timeout``).
     """
 
-    def __init__(self, client_config: KafkaConfig | Mapping[str, str], timeout_ms: int = 900_000) -> None:
+    def __init__(self, client_config: KafkaConfig | Mapping[str, str]) -> None:
         self._config = KafkaConfig.of(client_config)
         if not self._config.bootstrap_servers.strip():
             raise KafkaProtocolError("kafka.bootstrap.servers is required")
-        self._timeout_ms = timeout_ms
         # kafka-python clients (each its own I/O thread, thread-safe), renewed after a broker loss.
         self._wire = TransactionCoordinatorClient(self._config)
         self._protocol: int | None = None
@@ -547,14 +545,6 @@ class KafkaXAResource:
         (and a later transaction of the id as more); protocol 1 leaves it as it was.
         """
         return handle.producer_epoch + (1 if self.transaction_protocol() >= 2 else 0)
-
-    # -- XA timeout ------------------------------------------------------------------------
-
-    def get_timeout(self) -> int:
-        return self._timeout_ms
-
-    def set_timeout(self, timeout_ms: int) -> None:
-        self._timeout_ms = int(timeout_ms)
 
     def broker_max_timeout_ms(self) -> int:
         """The broker's ``transaction.max.timeout.ms``; a branch timeout above it is refused."""

@@ -22,96 +22,9 @@ Carrying out actions:
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
-
-from lastagent.errors import LastAgentError
-
-# -- XA branch states ----------------------------------------------------------------------
-
-
-class BranchState(enum.Enum):
-    """The states of one XA branch (one Kafka transaction), after the X/Open XA state tables."""
-
-    ACTIVE = "active"  # started; the task is writing records
-    IDLE = "idle"  # ended (xa_end): no more work, not yet prepared
-    PREPARED = "prepared"  # records flushed inside the open transaction; handle captured
-    COMMITTED = "committed"
-    ROLLED_BACK = "rolled_back"
-    HEURISTIC_COMMIT = "heuristic_commit"  # the resource committed on its own
-    HEURISTIC_ROLLBACK = "heuristic_rollback"  # the resource rolled back on its own (Kafka's timeout)
-
-
-class Verb(enum.Enum):
-    """What can happen to a branch: the XA verbs, plus the resource's own decisions."""
-
-    START = "start"  # xa_start (also resume/join an idle branch)
-    END = "end"  # xa_end
-    PREPARE = "prepare"  # xa_prepare
-    COMMIT = "commit"  # xa_commit (two-phase)
-    COMMIT_ONE_PHASE = "commit_one_phase"  # xa_commit(TMONEPHASE): the last agent's way
-    ROLLBACK = "rollback"  # xa_rollback
-    FORGET = "forget"  # xa_forget: drop a heuristically completed branch
-    TIMEOUT = "timeout"  # the resource ends the branch on its own (Kafka: transaction.timeout.ms)
-    HEURISTIC_COMMIT = "heuristic_commit"  # the resource (or an operator) commits on its own
-
-
-_S = BranchState
-#: (state before, verb) → state after; ``None`` stands for "no such branch" (not started yet,
-#: or forgotten). Retried ends of a finished branch are no-ops: a branch already committed
-#: counts as done.
-TRANSITIONS: Mapping[tuple[BranchState | None, Verb], BranchState | None] = {
-    (None, Verb.START): _S.ACTIVE,
-    (_S.IDLE, Verb.START): _S.ACTIVE,
-    (_S.ACTIVE, Verb.END): _S.IDLE,
-    (_S.IDLE, Verb.PREPARE): _S.PREPARED,
-    (_S.IDLE, Verb.COMMIT_ONE_PHASE): _S.COMMITTED,
-    (_S.PREPARED, Verb.COMMIT): _S.COMMITTED,
-    (_S.PREPARED, Verb.ROLLBACK): _S.ROLLED_BACK,
-    (_S.ACTIVE, Verb.ROLLBACK): _S.ROLLED_BACK,
-    (_S.IDLE, Verb.ROLLBACK): _S.ROLLED_BACK,
-    (_S.COMMITTED, Verb.COMMIT): _S.COMMITTED,
-    (_S.ROLLED_BACK, Verb.ROLLBACK): _S.ROLLED_BACK,
-    (_S.ACTIVE, Verb.TIMEOUT): _S.ROLLED_BACK,
-    (_S.IDLE, Verb.TIMEOUT): _S.ROLLED_BACK,
-    (_S.PREPARED, Verb.TIMEOUT): _S.HEURISTIC_ROLLBACK,
-    (_S.PREPARED, Verb.HEURISTIC_COMMIT): _S.HEURISTIC_COMMIT,
-    (_S.HEURISTIC_ROLLBACK, Verb.FORGET): None,
-    (_S.HEURISTIC_COMMIT, Verb.FORGET): None,
-}
-
-
-class InvalidTransition(LastAgentError, ValueError):
-    """A verb that XA does not allow in the branch's current state."""
-
-    def __init__(self, state: BranchState | None, verb: Verb) -> None:
-        allowed = sorted(v.value for (s, v) in TRANSITIONS if s == state)
-        name = state.value if state is not None else "no branch"
-        super().__init__(f"XA branch in state {name!r} cannot {verb.value!r}; allowed: {', '.join(allowed) or 'none'}")
-        self.state = state
-        self.verb = verb
-
-
-def transition(state: BranchState | None, verb: Verb) -> BranchState | None:
-    """The branch state after ``verb``. Pure: no I/O, runs on the driver.
-
-    Args:
-        state: the current state, or None for a branch not started (or forgotten).
-        verb: what happens to it.
-
-    Returns:
-        The next state; None after FORGET.
-
-    Raises:
-        InvalidTransition: XA does not allow this verb in this state (e.g. commit of an
-            active or heuristically rolled back branch).
-    """
-    try:
-        return TRANSITIONS[(state, verb)]
-    except KeyError:
-        raise InvalidTransition(state, verb) from None
 
 
 # -- branches and actions -------------------------------------------------------------------

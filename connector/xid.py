@@ -5,9 +5,9 @@ global transaction id (gtrid, at most :data:`MAXGTRIDSIZE` bytes) and the branch
 (bqual, at most :data:`MAXBQUALSIZE` bytes). lastagent names them so:
 
 * gtrid = ``"<link>:<epoch>"`` (UTF-8): one global transaction per link and Spark epoch;
-* bqual = the branch's Kafka transactional.id (UTF-8), or a stable hash form when longer
-  than 64 bytes;
-* the epoch's global XID (the *gxid*, written in arbitration records) has an empty bqual.
+* the epoch's global XID (the *gxid*, written in arbitration records) has an empty bqual; a branch
+  is named by its Kafka transactional.id, with the producer id and epoch of its transaction
+  (:class:`lastagent.protocol.Branch`).
 
 Transactional ids are ``lastagent-<link>-<generation>-<partition>-<attempt>``: one per task
 partition and attempt of a run (the run's generation), reused by every epoch of the run, never
@@ -17,7 +17,6 @@ shared between runs and never one fresh id per epoch. Every id of a link starts 
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass
 
@@ -34,7 +33,6 @@ MAX_EPOCH = 2**63 - 1
 MAX_LINK_LENGTH = MAXGTRIDSIZE - 1 - len(str(MAX_EPOCH))
 
 _PREFIX = "lastagent-"
-_HASHED = "sha256:"
 _LINK = re.compile(r"[A-Za-z0-9._-]+")
 _DECIMAL = re.compile(r"0|[1-9][0-9]*")
 _INT32 = (-(2**31), 2**31 - 1)
@@ -93,34 +91,11 @@ class Xid:
                 raise ValueError(f"{text!r} is not an XID text: {name} {h!r} is not lower-case hex bytes")
         return cls(int(fmt), bytes.fromhex(gtrid), bytes.fromhex(bqual))
 
-    @classmethod
-    def for_branch(cls, link: str, epoch: int, transactional_id: str) -> "Xid":
-        """The XID of one branch: gtrid ``"<link>:<epoch>"``, bqual the transactional id.
-
-        A transactional id longer than 64 UTF-8 bytes becomes ``"sha256:"`` + the first 57 hex
-        digits of its SHA-256 (64 bytes, stable across processes and versions).
-        """
-        return cls(FORMAT_ID, _gtrid(link, epoch), bqual_for(transactional_id))
-
-    @property
-    def gxid(self) -> "Xid":
-        """The global XID this branch belongs to (same format id and gtrid, empty bqual)."""
-        return Xid(self.format_id, self.gtrid, b"")
-
 
 def _gtrid(link: str, epoch: int) -> bytes:
     if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch <= MAX_EPOCH:
         raise ValueError(f"epoch {epoch!r} must be an int from 0 to {MAX_EPOCH}")
     return f"{link}:{epoch}".encode("utf-8")
-
-
-def bqual_for(transactional_id: str) -> bytes:
-    """The branch qualifier for a transactional id: its UTF-8 bytes, or a 64-byte hash form."""
-    raw = transactional_id.encode("utf-8")
-    if len(raw) <= MAXBQUALSIZE:
-        return raw
-    digest = hashlib.sha256(raw).hexdigest()
-    return (_HASHED + digest[: MAXBQUALSIZE - len(_HASHED)]).encode("ascii")
 
 
 def gxid_text(link: str, epoch: int) -> str:

@@ -140,8 +140,6 @@ def test_read_only_branch_has_nothing_to_end(kafka_bootstrap, xa):
 
 def test_broker_transaction_limits(xa):
     assert xa.broker_max_timeout_ms() >= 3_600_000
-    xa.set_timeout(120_000)
-    assert xa.get_timeout() == 120_000
 
 
 def test_a_record_the_broker_refuses_fails_prepare(kafka_bootstrap, new_topic):

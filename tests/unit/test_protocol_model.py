@@ -42,8 +42,7 @@ from lastagent import protocol, xid
 from lastagent.arbitration import ArbitrationRecord, Decision, Ownership, StaleOwnerError, next_ownership
 from lastagent.committer import Committer, DecidedBranchLostError, EpochNotDecidedError
 from lastagent.kafka_xa import BranchHandle, EndOutcome, EndResult, OpenTransaction
-from lastagent.protocol import (Branch, BranchState, CommitBranch, Fail, InvalidTransition, RollbackBranch, Verb,
-                                WriteDecision)
+from lastagent.protocol import Branch, CommitBranch, Fail, RollbackBranch, WriteDecision
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 from lastagent.sinks.query_run import Started, shipped, task_generation
 
@@ -941,33 +940,6 @@ def test_zombie_mutants_are_caught(name, rules):
 
 def _b(i: int, epoch: int = 0) -> Branch:
     return Branch(xid.transactional_id(LINK, 1, i, 0), 1000 + i, epoch)
-
-
-def test_xa_transitions():
-    s = None
-    for verb in (Verb.START, Verb.END, Verb.PREPARE, Verb.COMMIT, Verb.COMMIT):
-        s = protocol.transition(s, verb)
-    assert s is BranchState.COMMITTED
-    assert protocol.transition(BranchState.ACTIVE, Verb.ROLLBACK) is BranchState.ROLLED_BACK
-    assert protocol.transition(BranchState.IDLE, Verb.ROLLBACK) is BranchState.ROLLED_BACK
-    assert protocol.transition(BranchState.PREPARED, Verb.ROLLBACK) is BranchState.ROLLED_BACK
-    assert protocol.transition(BranchState.IDLE, Verb.COMMIT_ONE_PHASE) is BranchState.COMMITTED
-    assert protocol.transition(BranchState.PREPARED, Verb.TIMEOUT) is BranchState.HEURISTIC_ROLLBACK
-    assert protocol.transition(BranchState.HEURISTIC_ROLLBACK, Verb.FORGET) is None
-    for state, verb in [(None, Verb.COMMIT), (BranchState.ACTIVE, Verb.COMMIT), (BranchState.ACTIVE, Verb.PREPARE),
-                        (BranchState.HEURISTIC_ROLLBACK, Verb.COMMIT), (BranchState.COMMITTED, Verb.ROLLBACK),
-                        (BranchState.ROLLED_BACK, Verb.COMMIT), (BranchState.PREPARED, Verb.START)]:
-        with pytest.raises(InvalidTransition, match="cannot"):
-            protocol.transition(state, verb)
-    # every state is reachable from "no branch"
-    reached, todo = set(), [None]
-    while todo:
-        s = todo.pop()
-        for (src, _), dst in protocol.TRANSITIONS.items():
-            if src == s and dst is not None and dst not in reached:
-                reached.add(dst)
-                todo.append(dst)
-    assert reached == set(BranchState)
 
 
 def test_decide_epoch_fresh_and_standing():

@@ -8,8 +8,8 @@ import pytest
 
 from lastagent.errors import OptionError
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
-from lastagent.xid import (FORMAT_ID, MAX_EPOCH, MAX_LINK_LENGTH, MAXBQUALSIZE, MAXGTRIDSIZE, Xid, bqual_for,
-                           check_link, gxid_text, id_prefix, parse_transactional_id, transactional_id)
+from lastagent.xid import (FORMAT_ID, MAX_EPOCH, MAX_LINK_LENGTH, MAXBQUALSIZE, MAXGTRIDSIZE, Xid, check_link, gxid_text,
+                           id_prefix, parse_transactional_id, transactional_id)
 
 pytestmark = pytest.mark.unit
 
@@ -48,35 +48,18 @@ def test_text_round_trip_over_many_generated_xids():
     assert seen > 2900
 
 
-def test_branch_xids_round_trip_and_fit():
+def test_epoch_xids_round_trip_and_fit():
     rng = random.Random(7)
     for link in _links(rng, 300):
         for epoch in (0, 1, rng.randint(0, MAX_EPOCH), MAX_EPOCH):
-            for tid in (transactional_id(link, rng.randint(1, 10_000), rng.randint(0, 10_000), rng.randint(0, 9)), "t", "é" * 40):
-                xid = Xid.for_branch(link, epoch, tid)
-                assert xid.format_id == FORMAT_ID
-                assert xid.gtrid == f"{link}:{epoch}".encode()
-                assert len(xid.gtrid) <= MAXGTRIDSIZE and len(xid.bqual) <= MAXBQUALSIZE
-                assert Xid.from_text(xid.to_text()) == xid
-                assert xid.gxid.to_text() == gxid_text(link, epoch)
+            xid = Xid.from_text(gxid_text(link, epoch))
+            assert (xid.format_id, xid.gtrid, xid.bqual) == (FORMAT_ID, f"{link}:{epoch}".encode(), b"")
+            assert len(xid.gtrid) <= MAXGTRIDSIZE and xid.to_text() == gxid_text(link, epoch)
 
 
 def test_text_form_is_readable_and_stable():
-    xid = Xid.for_branch("orders", 7, "lastagent-orders-3-0")
-    assert xid.to_text() == f"{FORMAT_ID}:{b'orders:7'.hex()}:{b'lastagent-orders-3-0'.hex()}"
     assert gxid_text("orders", 7) == f"{FORMAT_ID}:{b'orders:7'.hex()}:"
     assert Xid.from_text(gxid_text("orders", 7)) == Xid(FORMAT_ID, b"orders:7", b"")
-
-
-def test_long_transactional_id_gets_a_stable_hash_that_fits():
-    long_tid = transactional_id("x" * MAX_LINK_LENGTH, 7, 12_345_678, 10)
-    assert len(long_tid.encode()) > MAXBQUALSIZE
-    b1, b2 = Xid.for_branch("l", 0, long_tid).bqual, bqual_for(long_tid)
-    assert b1 == b2 and len(b1) == MAXBQUALSIZE and b1.startswith(b"sha256:")
-    assert bqual_for(long_tid + "x") != b1
-    exact = "t" * MAXBQUALSIZE
-    assert bqual_for(exact) == exact.encode()  # 64 bytes still fit as they are
-    assert bqual_for("é" * 33) != ("é" * 33).encode()  # 66 UTF-8 bytes do not
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -96,11 +79,11 @@ def test_limits_are_inclusive_and_format_id_checked():
         with pytest.raises(ValueError, match="format_id"):
             Xid(bad, b"g", b"")
     with pytest.raises(ValueError, match="epoch"):
-        Xid.for_branch("l", -1, "t")
+        gxid_text("l", -1)
     with pytest.raises(ValueError, match="epoch"):
-        Xid.for_branch("l", MAX_EPOCH + 1, "t")
+        gxid_text("l", MAX_EPOCH + 1)
     with pytest.raises(ValueError, match="gtrid is 65 bytes"):
-        Xid.for_branch("x" * (MAX_LINK_LENGTH + 1), MAX_EPOCH, "t")
+        gxid_text("x" * (MAX_LINK_LENGTH + 1), MAX_EPOCH)
 
 
 @pytest.mark.parametrize("text", ["", "1:ab", "1:ab:cd:ef", "x:ab:", "01:ab:", "+1:ab:", "-0:ab:", "1:AB:",
@@ -161,4 +144,4 @@ def test_check_link_errors_name_the_option(link, match):
 
 def test_every_valid_link_fits_the_gtrid_at_the_largest_epoch():
     longest = check_link("L" * MAX_LINK_LENGTH)
-    assert len(Xid.for_branch(longest, MAX_EPOCH, "t").gtrid) == MAXGTRIDSIZE
+    assert len(Xid.from_text(gxid_text(longest, MAX_EPOCH)).gtrid) == MAXGTRIDSIZE
