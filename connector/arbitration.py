@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from lastagent.errors import LastAgentError
 from lastagent.storage import StorageConfig, location
@@ -280,12 +280,46 @@ def accepted_lost_on_delta(table: Any, link: str) -> frozenset[int]:
     return frozenset(int(e) for e in raw.split(",") if e.strip())
 
 
+#: How many times a Delta commit that lost to another writer is re-read, decided again and tried again.
+COMMIT_TRIES = 10
+
+_T = TypeVar("_T")
+
+
+class LostRace(LastAgentError):
+    """Raised inside a commit attempt: another writer got there first (e.g. created the table); re-read."""
+
+
+def lost_races() -> tuple[type[BaseException], ...]:
+    """What a commit that lost to another writer raises: delta-rs's ``CommitFailedError`` (the version
+    was taken, with ``max_commit_retries=0``, or Delta's conflict check refused the commit: a txn of the
+    same appId, a metadata or protocol change) and :class:`LostRace`. Driver side."""
+    from deltalake.exceptions import CommitFailedError
+
+    return (CommitFailedError, LostRace)
+
+
+def until_committed(attempt: Callable[[], _T], what: str, where: str) -> _T:
+    """Runs ``attempt`` (read the table, decide, commit) until it does not lose a race, at most
+    :data:`COMMIT_TRIES` times: each try reads the table anew, so it decides against what won. Driver.
+
+    Raises:
+        ArbitrationError: every try lost a race.
+    """
+    for _ in range(COMMIT_TRIES):
+        try:
+            return attempt()
+        except lost_races() as exc:
+            log.info("%s in %s lost a race to another writer (%s); re-reading", what, where, exc)
+    raise ArbitrationError(f"{what}: too many concurrent commits to {where} ({COMMIT_TRIES} tries)")
+
+
 def alter_properties(open_table: Callable[[], Any], where: str, what: str,
                      properties_of: Callable[[Any], dict[str, str] | None]) -> dict[str, str] | None:
     """Sets Delta table properties worked out from the table's newest version. Driver side.
 
     A property change is a metadata commit, which Delta refuses when another commit raced it: then
-    the table is read again and ``properties_of`` asked again, up to 10 times.
+    the table is read again and ``properties_of`` asked again (:func:`until_committed`).
 
     Args:
         open_table: the table at its newest version.
@@ -298,12 +332,11 @@ def alter_properties(open_table: Callable[[], Any], where: str, what: str,
         The properties set, or None when ``properties_of`` said nothing was to be set.
 
     Raises:
-        ArbitrationError: the table could not be written, or lost the race 10 times.
+        ArbitrationError: the table could not be written, or lost the race every time.
     """
-    from deltalake.exceptions import CommitFailedError
     from deltalake.transaction import PostCommitHookProperties
 
-    for _ in range(10):
+    def attempt() -> dict[str, str] | None:
         table = open_table()
         properties = properties_of(table)
         if properties is None:
@@ -315,14 +348,14 @@ def alter_properties(open_table: Callable[[], Any], where: str, what: str,
             table.alter.set_table_properties(properties, raise_if_not_exists=False,
                                              post_commithook_properties=PostCommitHookProperties(
                                                  create_checkpoint=False, cleanup_expired_logs=False))
-        except CommitFailedError as exc:
-            log.info("recording %s in %s raced another commit (%s); re-reading", what, where, exc)
-            continue
+        except lost_races():
+            raise
         except Exception as exc:  # noqa: BLE001 — delta-rs raises plain errors for I/O
             raise ArbitrationError(f"cannot record {what} in {where}: {exc}") from exc
         _warn_if_protocol_changed(open_table, where, before)
         return properties
-    raise ArbitrationError(f"too many concurrent commits to {where} while recording {what}")
+
+    return until_committed(attempt, f"recording {what}", where)
 
 
 def _warn_if_protocol_changed(open_table: Callable[[], Any], where: str, before: Any) -> None:
@@ -610,11 +643,11 @@ class DeltaArbitrationStore:
 
     def decide(self, record: ArbitrationRecord, generation: int) -> Decision:
         from deltalake import CommitProperties, Transaction, write_deltalake
-        from deltalake.exceptions import CommitFailedError
 
         if not record.decided_at_ms:
             record = replace(record, decided_at_ms=int(time.time() * 1000))
-        for _ in range(10):
+
+        def attempt() -> Decision:
             table = self._ensure_table()
             current = delta_ownership(table, record.link)
             if current is None or current.generation != generation:
@@ -639,13 +672,12 @@ class DeltaArbitrationStore:
             try:
                 write_deltalake(table, self._arrow([record]), mode="append", commit_properties=props)
                 return Decision(record, won=True)
-            except CommitFailedError as exc:
-                # Another decider committed first (same txn appId) or the table moved on: re-read.
-                log.info("arbitration commit for %s epoch %d lost a race (%s); re-reading",
-                         record.link, record.epoch, exc)
+            except lost_races():
+                raise  # another decider committed first (same txn appId) or the table moved on: re-read
             except Exception as exc:  # noqa: BLE001
                 raise ArbitrationError(f"cannot write arbitration table {self.path}: {exc}") from exc
-        raise ArbitrationError(f"arbitration for {record.link!r} epoch {record.epoch}: too many concurrent commits")
+
+        return until_committed(attempt, f"the arbitration of link {record.link!r} epoch {record.epoch}", self.path)
 
     def get(self, link: str, epoch: int, table=None) -> ArbitrationRecord | None:  # noqa: ANN001
         table = table or self._table()

@@ -21,9 +21,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from lastagent.arbitration import (ArbitrationError, ArbitrationRecord, DeltaArbitrationStore, Decision, LatestTable,
-                                   LinkMismatchError, Ownership, accept_lost_on_delta, accepted_lost_on_delta,
-                                   alter_properties, claim_on_delta, delta_ownership, owner_keys, ownership_properties,
-                                   stale)
+                                   LinkMismatchError, LostRace, Ownership, accept_lost_on_delta, accepted_lost_on_delta,
+                                   alter_properties, claim_on_delta, delta_ownership, lost_races, owner_keys,
+                                   ownership_properties, stale, until_committed)
 from lastagent.errors import LastAgentError
 from lastagent.sinks import delta_files
 from lastagent.sinks.delta_features import TableRules, UnsupportedTableFeatureError, require_plain, rules_of
@@ -295,7 +295,6 @@ class TargetTableStore:
             ArbitrationError: the table cannot be read or written (nothing decided by this call).
         """
         from deltalake import Schema
-        from deltalake.exceptions import CommitFailedError
         from deltalake.transaction import (CommitProperties, PostCommitHookProperties, Transaction,
                                            create_table_with_add_actions)
 
@@ -316,11 +315,12 @@ class TargetTableStore:
         # max_commit_retries=0: delta-rs would otherwise re-try a commit that lost its version to another
         # writer at the next version, without checking it against what that writer committed: two first
         # runs racing to create the table both "won" epoch 0, one commit each (seen on a local disk and
-        # on S3). Every lost race comes back here instead, and the loop below re-reads and decides.
+        # on S3). Every lost race comes back here instead, and until_committed re-reads and decides.
         props = CommitProperties(custom_metadata=metadata, max_commit_retries=0, app_transactions=[
             Transaction(app_id=record.link, version=record.epoch, last_updated=record.decided_at_ms)])
         adds = delta_files.add_actions(list(staged.adds))
-        for _ in range(10):
+
+        def attempt() -> Decision:
             table = self.table()
             current = self._ownership_in(table, record.link)
             if self._superseded(record.link, generation, current):
@@ -359,15 +359,16 @@ class TargetTableStore:
                                                    post_commithook_properties=PostCommitHookProperties(
                                                        create_checkpoint=rules.checkpoint))
                 return Decision(record, won=True)
-            except CommitFailedError as exc:
-                log.info("Delta commit for %s epoch %d lost a race (%s); re-reading", record.link, record.epoch, exc)
+            except lost_races():
+                raise
             except (SchemaMismatchError, ArbitrationError, UnsupportedTableFeatureError):
                 raise
             except Exception as exc:  # noqa: BLE001 — delta-rs raises plain errors for "table exists"
                 if table is None and self.table() is not None:
-                    continue  # another writer created the table first: decide against it
+                    raise LostRace(f"another writer created {self.path} first") from exc  # decide against it
                 raise ArbitrationError(f"cannot commit to Delta table {self.path}: {exc}") from exc
-        raise ArbitrationError(f"Delta commit for {record.link!r} epoch {record.epoch}: too many concurrent commits")
+
+        return until_committed(attempt, f"the Delta commit of link {record.link!r} epoch {record.epoch}", self.path)
 
     def rules(self, table: Any) -> TableRules:
         """What the tasks must do to the target table's rows (:func:`rules_of`). Driver, at each epoch's start."""
@@ -449,19 +450,20 @@ class TargetTableStore:
         if not adds:
             return 0
         from deltalake import DeltaTable, Schema
-        from deltalake.exceptions import CommitFailedError, TableNotFoundError
+        from deltalake.exceptions import TableNotFoundError
         from deltalake.transaction import CommitProperties, Transaction, create_table_with_add_actions
 
         from lastagent.sinks.dead_letters import TABLE_SCHEMA
 
-        # No delta-rs re-try (see decide): a lost race re-reads the table's txn below.
+        # No delta-rs re-try (see decide): a lost race re-reads the table's txn (until_committed).
         props = CommitProperties(custom_metadata={"lastagent.link": link, "lastagent.epoch": str(epoch)},
                                  max_commit_retries=0,
                                  app_transactions=[Transaction(app_id=link, version=epoch,
                                                                last_updated=int(time.time() * 1000))])
         dead = self._dead_where
         assert dead is not None, "dead_letter_table is set"
-        for _ in range(10):
+
+        def attempt() -> int:
             try:
                 table = DeltaTable(dead.uri, storage_options=self.storage.delta_options(dead))
             except TableNotFoundError:
@@ -481,15 +483,15 @@ class TargetTableStore:
                 log.info("link %s epoch %d: %d dead-letter file(s) committed to %s", link, epoch, len(adds),
                          self.dead_letter_table)
                 return len(adds)
-            except CommitFailedError:
-                continue
+            except lost_races():
+                raise
             except Exception as exc:  # noqa: BLE001 — "table exists" from a racing creator: re-read
                 if table is None:
-                    continue
+                    raise LostRace(f"another writer created {self.dead_letter_table} first") from exc
                 raise ArbitrationError(f"cannot commit dead letters of {link!r} epoch {epoch} to "
                                        f"{self.dead_letter_table}: {exc}") from exc
-        raise ArbitrationError(f"dead letters of {link!r} epoch {epoch}: too many concurrent commits to "
-                               f"{self.dead_letter_table}")
+
+        return until_committed(attempt, f"the dead letters of link {link!r} epoch {epoch}", str(self.dead_letter_table))
 
     # -- reading records --------------------------------------------------------------------
 

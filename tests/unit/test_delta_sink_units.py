@@ -208,3 +208,39 @@ def test_a_column_arrow_cannot_count_keeps_its_dictionary():
     batch = pa.record_batch({"offset": pa.array(range(n), pa.int64()),
                              "topic": pa.array([f"t{i}" for i in range(n)]).dictionary_encode()})
     assert dictionary_columns(batch) == ["topic"]
+
+
+def test_a_commit_that_lost_a_race_is_read_and_tried_again_a_bounded_number_of_times():
+    from deltalake.exceptions import CommitFailedError
+
+    from lastagent.arbitration import COMMIT_TRIES, ArbitrationError, LostRace, until_committed
+
+    tries = []
+
+    def loses_twice() -> str:
+        tries.append(1)
+        if len(tries) == 1:
+            raise CommitFailedError("version 3 already exists")
+        if len(tries) == 2:
+            raise LostRace("another writer created the table first")
+        return "won"
+
+    assert until_committed(loses_twice, "the commit", "/t") == "won" and len(tries) == 3
+
+    def always_loses() -> str:
+        tries.append(1)
+        raise CommitFailedError("version taken")
+
+    tries.clear()
+    with pytest.raises(ArbitrationError, match=f"the commit: too many concurrent commits to /t \\({COMMIT_TRIES} tries"):
+        until_committed(always_loses, "the commit", "/t")
+    assert len(tries) == COMMIT_TRIES
+
+    def fails() -> str:
+        tries.append(1)
+        raise ArbitrationError("cannot write")
+
+    tries.clear()
+    with pytest.raises(ArbitrationError, match="cannot write"):
+        until_committed(fails, "the commit", "/t")
+    assert len(tries) == 1  # anything but a lost race is not tried again
