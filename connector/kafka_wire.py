@@ -23,9 +23,9 @@ from typing import Any, TypeVar
 
 from kafka import errors as kafka_errors
 from kafka.admin import KafkaAdminClient
-from kafka.protocol.metadata import CoordinatorType
 from kafka.protocol.producer.transaction import EndTxnRequest
 
+from lastagent import kafka_internals
 from lastagent.errors import KafkaProtocolError
 from lastagent.kafka_config import LOGIN_HINT, KafkaConfig, access_hint
 from lastagent.kafka_retry import error_name, is_retriable, retried
@@ -110,7 +110,7 @@ class _Admin(KafkaAdminClient):
             super().__init__(**config.kafka_python(timeout_ms))
         except kafka_errors.KafkaError as exc:
             auth = failures.refused[-1] if failures.refused else None
-            if getattr(self, "_net", None) is not None:
+            if kafka_internals.io_thread_started(self):
                 self._closed = False
                 self.close()
             if auth is not None:
@@ -183,6 +183,7 @@ class TransactionCoordinatorClient:
     """
 
     def __init__(self, config: KafkaConfig | Mapping[str, str], timeout_ms: int | None = None) -> None:
+        kafka_internals.require()  # at start, not at the first phase 2
         self._config = KafkaConfig.of(config)
         self._timeout_ms = timeout_ms
         self._admin: Any = None
@@ -263,17 +264,12 @@ class TransactionCoordinatorClient:
                 may help), or the coordinator could not be found.
         """
         admin = admin or self.admin
-
-        async def end() -> Any:
-            node = await admin._find_coordinator_id(transactional_id, key_type=CoordinatorType.TRANSACTION)
-            request = EndTxnRequest(transactional_id=transactional_id, producer_id=producer_id,
-                                    producer_epoch=producer_epoch, committed=commit)
-            return await admin._manager.send(request, node_id=node)
-
+        request = EndTxnRequest(transactional_id=transactional_id, producer_id=producer_id,
+                                producer_epoch=producer_epoch, committed=commit)
         # A retry after NOT_COORDINATOR and friends finds the coordinator anew: :meth:`call` gives it
         # a new client, with no cached coordinator.
         try:
-            resp = admin._manager.run(end)
+            resp = kafka_internals.send_to_transaction_coordinator(admin, transactional_id, request)
         except kafka_errors.KafkaError as exc:
             raise explain(exc, f"EndTxn for transactional.id {transactional_id!r}") from None
         return EndTxnResult(_error_name(resp.error_code), getattr(resp, "producer_id", -1),
