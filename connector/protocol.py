@@ -175,7 +175,7 @@ def decision_margin_ms(timeout_ms: int) -> int:
 
     A quarter of the timeout, at most two minutes. What has to fit after the check: the decision's
     Delta commit (seconds, on an object store with its retries) and phase 2, whose ``EndTxn`` to a
-    moving coordinator is retried for up to 60 s (``KafkaXAResource``'s end deadline), plus any
+    moving coordinator is retried within ``kafka.default.api.timeout.ms`` (60 s by default), plus any
     difference between the driver's clock and the broker's (NTP keeps it to milliseconds). Two
     minutes holds all of that; a quarter keeps short timeouts usable (a 20 s timeout keeps 5 s).
     """

@@ -1,7 +1,7 @@
 """How logs and errors name a record without showing its contents. Pure, no I/O.
 
 Nothing of a record's key, value or headers goes into a log line or an exception message
-(DESIGN.md: no payload in logs). A record is named by its position (topic, partition, offset,
+(docs/design.md: no payload in logs). A record is named by its position (topic, partition, offset,
 or its index within the task) and, where that is not enough to find it, by a short digest of its
 key: the first 12 hex digits of the SHA-256 of the key's bytes, labelled ``sha256:``, so a user
 can find the record with ``hashlib.sha256(key).hexdigest()[:12]`` without the log holding it.

@@ -1,4 +1,4 @@
-"""DESIGN.md's central bet, proven against the pinned broker: a Kafka transaction whose
+"""docs/design.md's central bet, proven against the pinned broker: a Kafka transaction whose
 producer was SIGKILLed after flushing is finished from another process by its handle
 (transactional.id, producer id, producer epoch) with EndTxn through kafka-python's protocol layer.
 """

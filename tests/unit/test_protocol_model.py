@@ -22,7 +22,7 @@ A small simulated world, all in memory:
 Every port call that changes the world is a crash point. The check runs each scenario without a crash,
 with a crash at every step followed by a restart, and with a crash at every step of that restart
 (recovery included) followed by a second restart, for every order of the per-branch phase-2
-commits, and asserts DESIGN.md's invariants after each schedule (and the safety ones at each
+commits, and asserts docs/design.md's invariants after each schedule (and the safety ones at each
 crash). Mutants of the rules and of the interpreter must be caught by the same checker.
 """
 
@@ -524,7 +524,7 @@ def check_safety(w: World) -> list[str]:
 
 
 def check_final(w: World) -> list[str]:
-    """DESIGN.md's invariants once the query has run to its end."""
+    """docs/design.md's invariants once the query has run to its end."""
     out = check_safety(w)
     b, rows = w.broker, w.arb.rows
     if w.ckpt.commits != set(range(EPOCHS)):
