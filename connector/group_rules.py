@@ -15,7 +15,7 @@ time alone (a timer fired). Each returns the next state and the actions to carry
 
 :func:`deadline` says when :func:`advance` next has something to do (a timer to register).
 
-The rules follow the OASIS WS-RM TC's agreed resolution of Rel 52/57/82 (``seeds/wsrm-group-termination.txt``):
+The rules follow the OASIS WS-RM TC's agreed resolution of issues Rel 52/57/82 (group termination, as WS-Reliability 1.1 adopted it):
 
 * Every message carries a group id. A *singleton* has no sequence number; its id is kept until
   its ``ExpiryTime``, then removed. Group members carry a sequence number (from 0, the

@@ -14,9 +14,9 @@ In a second run of the three links, each query is held right after its decision 
 written, every branch prepared, phase 2 not begun); the node coordinating most of those branches is
 SIGKILLed, the queries go on, and the node comes back 15 s later.
 
-A third test takes one replica of a two-replica output topic away for 30 s, so that
-``min.insync.replicas=2`` refuses every write to it (``NOT_ENOUGH_REPLICAS``): the Kafka → Kafka link
-waits it out.
+A third run of the three links takes one replica of every two-replica output topic away for 30 s,
+so that ``min.insync.replicas=2`` refuses every write to them (``NOT_ENOUGH_REPLICAS``): the links wait
+it out.
 A fourth SIGKILLs two of the three nodes for 15 s: the controller quorum, the transaction log's and every
 topic's in-sync replicas are all short; the Kafka → Kafka link waits it out too.
 
@@ -209,12 +209,15 @@ def test_three_links_ride_through_the_coordinator_killed_between_decision_and_ph
     _three_links_through(kill_between_decision_and_phase_2, kafka_cluster, cluster_topic, spark, tmp_path, monkeypatch)
 
 
-def _three_links_through(fault, kafka_cluster, cluster_topic, spark, tmp_path: Path, monkeypatch) -> None:
+def _three_links_through(fault, kafka_cluster, cluster_topic, spark, tmp_path: Path, monkeypatch,
+                         output_topic=None) -> None:
     """The three links run while ``fault(link, driver, log)`` breaks the cluster; no query may fail, then every
-    record is there once, no transaction is open and ``lastagent status`` is clean for each link."""
+    record is there once, no transaction is open and ``lastagent status`` is clean for each link.
+    ``output_topic(partitions, prefix)`` makes the topics the links write (default: ``cluster_topic``)."""
     bootstrap = kafka_cluster.bootstrap
-    orders, sink_topic, copy_topic = cluster_topic(2, "orders"), cluster_topic(2, "sink"), cluster_topic(2, "copy")
-    dead, side = cluster_topic(1, "dead"), cluster_topic(2, "side")
+    output_topic = output_topic or cluster_topic
+    orders, sink_topic, copy_topic = cluster_topic(2, "orders"), output_topic(2, "sink"), output_topic(2, "copy")
+    dead, side = output_topic(1, "dead"), output_topic(2, "side")
     feeder = Feeder(bootstrap, orders, str(tmp_path / "source"))
     feeder.add_rows(20)
     feeder.add_orders(100)
@@ -305,26 +308,33 @@ def _copy_link_through(fault, kafka_cluster, source: str, copy: str, tmp_path: P
         assert xa.recover(f"lastagent-{link}-") == []
 
 
-@pytest.mark.timeout(1200)
-def test_writes_refused_for_too_few_in_sync_replicas_are_waited_out(kafka_cluster, cluster_topic, tmp_path,
-                                                                     monkeypatch):
+@pytest.mark.timeout(1800)
+def test_three_links_wait_out_writes_refused_for_too_few_in_sync_replicas(kafka_cluster, cluster_topic, spark,
+                                                                          tmp_path, monkeypatch):
+    """Every topic the links write has two replicas, on nodes 1 and 2: with node 2 away each partition has
+    one in-sync replica, and min.insync.replicas=2 refuses every write (NOT_ENOUGH_REPLICAS) for 30 s,
+    the sinks' outputs, the side topic and the dead letters alike."""
     from kafka.admin import NewTopic
 
-    # Two replicas, on nodes 1 and 2: with node 2 away the partition has one in-sync replica, and
-    # min.insync.replicas=2 refuses every write to it.
-    copy = f"copy-{uuid.uuid4().hex[:8]}"
-    admin = cluster_admin(kafka_cluster.bootstrap)
-    try:
-        admin.create_topics([NewTopic(copy, replica_assignments={0: [1, 2], 1: [2, 1]})])
-    finally:
-        admin.close()
+    def on_nodes_1_and_2(partitions: int, prefix: str) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        admin = cluster_admin(kafka_cluster.bootstrap)
+        try:
+            admin.create_topics([NewTopic(name, replica_assignments={p: [1, 2] if p % 2 == 0 else [2, 1]
+                                                                     for p in range(partitions)})])
+        finally:
+            admin.close()
+        return name
 
-    def refuse_writes_for_30_s() -> None:
+    def refuse_writes_for_30_s(link: str, proc: subprocess.Popen, log: Path) -> None:
         kafka_cluster.stop(2)
-        time.sleep(30)  # every epoch's writes to the copy are refused meanwhile
+        time.sleep(30)  # every epoch's writes are refused meanwhile
+        assert proc.poll() is None, f"the driver failed while writes were refused; see {log}:\n{_tail(log)}"
         kafka_cluster.start(2)
+        in_sync(kafka_cluster)
 
-    _copy_link_through(refuse_writes_for_30_s, kafka_cluster, cluster_topic(2, "orders"), copy, tmp_path, monkeypatch)
+    _three_links_through(refuse_writes_for_30_s, kafka_cluster, cluster_topic, spark, tmp_path, monkeypatch,
+                         output_topic=on_nodes_1_and_2)
 
 
 @pytest.mark.timeout(1200)
