@@ -34,8 +34,7 @@ from typing import Any
 
 from common import BOOTSTRAP, fill_topic, new_topic
 from kafka.admin import KafkaAdminClient
-from pyspark.sql.datasource import (DataSource, DataSourceStreamArrowWriter, DataSourceStreamReader, InputPartition,
-                                    WriterCommitMessage)
+from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, DataSourceStreamReader, InputPartition, WriterCommitMessage
 from sink_bench import raw_producer, source_table, spark_write
 from source_bench import raw_consumer, spark_read
 
@@ -60,10 +59,10 @@ class CeilingReader(DataSourceStreamReader):
     def __init__(self, rows: int) -> None:
         self.rows = rows
 
-    def initialOffset(self) -> dict:  # noqa: N802 — Spark's API
+    def initialOffset(self) -> dict:  # Spark's API
         return {"rows": 0}
 
-    def latestOffset(self) -> dict:  # noqa: N802 — Spark's API
+    def latestOffset(self) -> dict:  # Spark's API
         return {"rows": self.rows}
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
@@ -117,10 +116,10 @@ class CeilingWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[Any]) -> _Count:
         return _Count(sum(batch.num_rows for batch in iterator))
 
-    def commit(self, messages: list, batchId: int) -> None:  # noqa: N803 — Spark's API
+    def commit(self, messages: list, batchId: int) -> None:  # Spark's API
         pass
 
-    def abort(self, messages: list, batchId: int) -> None:  # noqa: N803 — Spark's API
+    def abort(self, messages: list, batchId: int) -> None:  # Spark's API
         pass
 
 
@@ -129,10 +128,10 @@ class CeilingSource(DataSource):
     def name(cls) -> str:
         return "ceiling-source"
 
-    def schema(self):  # noqa: ANN201 — Spark's API
+    def schema(self):  # Spark's API
         return kafka_schema(False)
 
-    def streamReader(self, schema):  # noqa: ANN001, ANN201, N802 — Spark's API
+    def streamReader(self, schema):  # Spark's API
         return CeilingReader(int(self.options["rows"]))
 
 
@@ -141,7 +140,7 @@ class CeilingSink(DataSource):
     def name(cls) -> str:
         return "ceiling-sink"
 
-    def streamWriter(self, schema, overwrite):  # noqa: ANN001, ANN201, N802 — Spark's API
+    def streamWriter(self, schema, overwrite):  # Spark's API
         return CeilingWriter()
 
 

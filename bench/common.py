@@ -77,7 +77,7 @@ class PeakRss:
                     pass
             time.sleep(0.05)
 
-    def __enter__(self) -> "PeakRss":
+    def __enter__(self) -> PeakRss:
         self._thread.start()
         return self
 

@@ -71,10 +71,10 @@ def main() -> int:
     runs: dict[str, list[dict[str, float]]] = {"kafka": [], "lastagent-kafka": []}
     with tempfile.TemporaryDirectory() as work:
         for i in range(REPEAT + 1):
-            for sink in runs:
+            for sink, results in runs.items():
                 result = _run(spark, source, sink, work, admin)
                 if i:  # the first round warms up
-                    runs[sink].append(result)
+                    results.append(result)
     summary: dict[str, object] = {"epochs": EPOCHS}
     for sink, rs in runs.items():
         summary[sink] = {k: round(statistics.median(r[k] for r in rs), 3) for k in rs[0]}

@@ -23,23 +23,23 @@ from pathlib import Path
 os.environ.setdefault("BENCH_GROUP_ROWS", "500000")
 os.environ.setdefault("BENCH_ROWS_PER_FILE", "125000")
 
-import groups_bench  # noqa: E402  (reads the sizes above)
-import pandas as pd  # noqa: E402
-from pyspark.sql import Row  # noqa: E402
-from pyspark.sql.streaming.stateful_processor import StatefulProcessor  # noqa: E402
+import groups_bench  # reads the sizes above
+import pandas as pd
+from pyspark.sql import Row
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
-from lastagent import group_rules  # noqa: E402
-from lastagent.reliable import ROCKSDB, message  # noqa: E402
-from lastagent.spark_session import local_session  # noqa: E402
+from lastagent import group_rules
+from lastagent.reliable import ROCKSDB, message
+from lastagent.spark_session import local_session
 
 SCHEMA = "GroupId string, SequenceNumber long, value binary"
 
 
 class RowPassThrough(StatefulProcessor):
-    def init(self, handle):  # noqa: ANN001, ANN201
+    def init(self, handle):
         self.count = handle.getValueState("n", "n long")
 
-    def handleInputRows(self, key, rows, timerValues):  # noqa: ANN001, ANN201, N802, N803
+    def handleInputRows(self, key, rows, timerValues):
         out = [Row(GroupId=r.GroupId, SequenceNumber=r.SequenceNumber, value=r.value) for r in rows]
         self.count.update((len(out),))
         return iter(out)
@@ -49,10 +49,10 @@ class RowPassThrough(StatefulProcessor):
 
 
 class PandasPassThrough(StatefulProcessor):
-    def init(self, handle):  # noqa: ANN001, ANN201
+    def init(self, handle):
         self.count = handle.getValueState("n", "n long")
 
-    def handleInputRows(self, key, rows, timerValues):  # noqa: ANN001, ANN201, N802, N803
+    def handleInputRows(self, key, rows, timerValues):
         frames = list(rows)
         df = pd.concat(frames) if len(frames) > 1 else frames[0]
         self.count.update((len(df),))

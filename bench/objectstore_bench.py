@@ -25,7 +25,7 @@ from kafka.admin import KafkaAdminClient
 from sink_bench import EPOCHS, WORK, commit_overhead
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "dev"))
-import s3_server  # noqa: E402  (dev/, stdlib only)
+import s3_server  # dev/, stdlib only
 
 
 def main() -> int:

@@ -50,7 +50,7 @@ def batches() -> list[pa.RecordBatch]:
     return out
 
 
-def best(fn) -> float:  # noqa: ANN001 — a timed callable
+def best(fn) -> float:  # a timed callable
     times = []
     for _ in range(REPEAT):
         t = time.perf_counter()

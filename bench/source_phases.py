@@ -102,8 +102,8 @@ def main() -> int:
     for fmt in phases:
         query_phases(spark, fmt, small)  # warm-up: JIT, Python workers
     for _ in range(3):
-        for fmt in phases:
-            phases[fmt].append(query_phases(spark, fmt, small))
+        for fmt, runs in phases.items():
+            runs.append(query_phases(spark, fmt, small))
     spark.stop()
     summary = {
         "partition_rows": ROWS, "value_bytes": 100,

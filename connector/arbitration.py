@@ -20,8 +20,8 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass, replace
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 from lastagent.errors import LastAgentError
@@ -350,7 +350,7 @@ def alter_properties(open_table: Callable[[], Any], where: str, what: str,
                                                  create_checkpoint=False, cleanup_expired_logs=False))
         except lost_races():
             raise
-        except Exception as exc:  # noqa: BLE001 — delta-rs raises plain errors for I/O
+        except Exception as exc:  # delta-rs raises plain errors for I/O
             raise ArbitrationError(f"cannot record {what} in {where}: {exc}") from exc
         _warn_if_protocol_changed(open_table, where, before)
         return properties
@@ -367,7 +367,7 @@ def _warn_if_protocol_changed(open_table: Callable[[], Any], where: str, before:
     """
     try:
         after = open_table().protocol()
-    except Exception as exc:  # noqa: BLE001 — only a warning is at stake; the commit stands
+    except Exception as exc:  # only a warning is at stake; the commit stands
         log.info("cannot re-read %s's protocol after a property change: %s", where, exc)
         return
     if after != before:
@@ -540,14 +540,14 @@ class DeltaArbitrationStore:
         self._latest = LatestTable(self._where.uri, self._storage)
         self._plain_at: int | None = None  # the table version whose features were last checked
 
-    def _table(self):  # noqa: ANN202 — deltalake type
+    def _table(self) -> Any:  # a deltalake DeltaTable, or None
         from deltalake.exceptions import TableNotFoundError
 
         try:
             table = self._latest.get()
         except TableNotFoundError:
             return None
-        except Exception as exc:  # noqa: BLE001 — any read failure means "cannot decide now"
+        except Exception as exc:  # any read failure means "cannot decide now"
             raise ArbitrationError(f"cannot read arbitration table {self.path}: {exc}") from exc
         names = tuple(f.name for f in table.schema().fields)
         if names != self.SCHEMA_FIELDS:
@@ -561,7 +561,7 @@ class DeltaArbitrationStore:
             self._plain_at = table.version()
         return table
 
-    def _ensure_table(self):  # noqa: ANN202
+    def _ensure_table(self) -> Any:
         """Opens the table, creating it empty first; a creation race leaves one table.
 
         A path that holds other files but no Delta table is refused, not turned into a table.
@@ -588,14 +588,14 @@ class DeltaArbitrationStore:
             # table, where the txn-appId conflict check applies.
             DeltaTable.create(self._where.uri, self._arrow([]).schema, mode="ignore",
                               storage_options=self._storage, name="lastagent_arbitration")
-        except Exception as exc:  # noqa: BLE001 — a concurrent creator may have won; re-open below
+        except Exception as exc:  # a concurrent creator may have won; re-open below
             log.info("creating arbitration table %s: %s", self.path, exc)
         table = self._table()
         if table is None:
             raise ArbitrationError(f"cannot create arbitration table {self.path}")
         return table
 
-    def _arrow(self, rows: list[ArbitrationRecord]):  # noqa: ANN202
+    def _arrow(self, rows: list[ArbitrationRecord]) -> Any:
         import pyarrow as pa
 
         return pa.table({
@@ -674,12 +674,12 @@ class DeltaArbitrationStore:
                 return Decision(record, won=True)
             except lost_races():
                 raise  # another decider committed first (same txn appId) or the table moved on: re-read
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 raise ArbitrationError(f"cannot write arbitration table {self.path}: {exc}") from exc
 
         return until_committed(attempt, f"the arbitration of link {record.link!r} epoch {record.epoch}", self.path)
 
-    def get(self, link: str, epoch: int, table=None) -> ArbitrationRecord | None:  # noqa: ANN001
+    def get(self, link: str, epoch: int, table: Any = None) -> ArbitrationRecord | None:
         table = table or self._table()
         if table is None:
             return None

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from lastagent.errors import OptionError
 from lastagent.storage import StorageConfig, open_path
 
+
 def filesystem(location: str, option: str = "checkpointLocation",
                storage: StorageConfig | None = None) -> tuple[Any, str]:
     """(pyarrow filesystem, path) for a local path or a URI of a store lastagent reaches (:mod:`lastagent.storage`).

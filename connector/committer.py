@@ -68,7 +68,7 @@ class Committer:
                                                                           options.storage)
         self.now_ms = now_ms or (lambda: int(time.time() * 1000))
 
-    def __enter__(self) -> "Committer":
+    def __enter__(self) -> Committer:
         return self
 
     def __exit__(self, *exc: object) -> None:

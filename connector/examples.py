@@ -234,19 +234,19 @@ def groups_driver(bootstrap: str, topic: str, table: str, checkpoint: str, link:
     from pyspark.sql.streaming import StreamingQueryListener
 
     class Metrics(StreamingQueryListener):
-        def onQueryStarted(self, event: Any) -> None:  # noqa: N802
+        def onQueryStarted(self, event: Any) -> None:
             pass
 
-        def onQueryProgress(self, event: Any) -> None:  # noqa: N802
+        def onQueryProgress(self, event: Any) -> None:
             p = event.progress
             metrics = {k: v.asDict() for k, v in (p.observedMetrics or {}).items()}
             with open(metrics_file, "a") as f:
                 f.write(json.dumps({"batchId": p.batchId, "metrics": metrics}) + "\n")
 
-        def onQueryIdle(self, event: Any) -> None:  # noqa: N802
+        def onQueryIdle(self, event: Any) -> None:
             pass
 
-        def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
+        def onQueryTerminated(self, event: Any) -> None:
             pass
 
     spark = _session("lastagent-groups-driver")

@@ -1,6 +1,7 @@
 """The Spark data source classes behind the ``lastagent-*`` formats. Driver side."""
 
-from pyspark.sql.datasource import DataSource
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, DataSourceStreamWriter
+from pyspark.sql.types import StructType
 
 
 class KafkaDataSource(DataSource):
@@ -10,20 +11,20 @@ class KafkaDataSource(DataSource):
     def name(cls) -> str:
         return "lastagent-kafka"
 
-    def schema(self):  # noqa: ANN201 — Spark's API
+    def schema(self) -> StructType:  # Spark's API
         """The row schema of Spark's built-in kafka source (``headers`` with includeHeaders=true)."""
         from lastagent.sources.kafka_source import kafka_schema
 
         return kafka_schema(str(self.options.get("includeHeaders", "false")).strip().lower() == "true")
 
-    def reader(self, schema):  # noqa: ANN001, ANN201 — Spark's API
+    def reader(self, schema: StructType) -> DataSourceReader:  # Spark's API
         """Driver: a batch read (``spark.read``) between the starting and ending offsets."""
         from lastagent.sources.kafka_source import KafkaBatchReader
         from lastagent.sources.kafka_source_options import KafkaSourceOptions
 
         return KafkaBatchReader(KafkaSourceOptions.parse(self.options, batch=True))
 
-    def streamReader(self, schema):  # noqa: ANN001, ANN201, N802 — Spark's API
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # Spark's API
         """Driver: the source's reader; options are checked here, once, at query start."""
         from lastagent.errors import LastAgentError
         from lastagent.sources.kafka_source import FailedStreamReader, KafkaStreamReader
@@ -34,11 +35,11 @@ class KafkaDataSource(DataSource):
         except LastAgentError as e:
             return FailedStreamReader(e)
 
-    def streamWriter(self, schema, overwrite):  # noqa: ANN001, ANN201, N802 — Spark's API
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:  # Spark's API
         """Driver: the exactly-once sink's writer (pickled to executors for ``write``)."""
         from lastagent.sinks.kafka_sink import KafkaStreamWriter
 
-        return KafkaStreamWriter(self.options, schema)
+        return KafkaStreamWriter(dict(self.options), schema)
 
 
 class DeltaDataSource(DataSource):
@@ -48,7 +49,7 @@ class DeltaDataSource(DataSource):
     def name(cls) -> str:
         return "lastagent-delta"
 
-    def streamWriter(self, schema, overwrite):  # noqa: ANN001, ANN201, N802 — Spark's API
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:  # Spark's API
         """Driver: the sink's writer; options and the table's schema are checked here, at query start."""
         from lastagent.errors import OptionError
         from lastagent.sinks.delta_sink import DeltaStreamWriter
@@ -56,4 +57,4 @@ class DeltaDataSource(DataSource):
         if overwrite:
             # Spark asks to overwrite in complete mode; an epoch here is an append (txn(link, epoch)).
             raise OptionError("outputMode", "lastagent-delta appends each epoch; use outputMode('append')")
-        return DeltaStreamWriter(self.options, schema)
+        return DeltaStreamWriter(dict(self.options), schema)

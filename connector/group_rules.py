@@ -66,7 +66,7 @@ import bisect
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any, Union
+from typing import Any
 
 #: Rule names a Refuse, Terminate or Remove carries.
 RULES = ("t1", "t2", "t2-default", "t3.1", "t3.2", "t4.1", "t4.2a", "t4.2b", "t5", "INVALID_GROUP_PARAMETER",
@@ -134,7 +134,7 @@ class Remove:
     rule: str
 
 
-Action = Union[Deliver, Duplicate, Refuse, Hold, Terminate, Remove]
+Action = Deliver | Duplicate | Refuse | Hold | Terminate | Remove
 
 
 @dataclass(frozen=True)
@@ -398,10 +398,7 @@ def receive_plain(state: GroupState, seqs: list[int], expiries: list[int], now: 
             outcomes.append(("INVALID_GROUP_PARAMETER", f"GroupExpiryTime {group_expiry} is below max(ExpiryTime) "
                                                         f"{max(max_expiry, expiry)} of the group"))
         else:
-            if seq == last + 1:
-                accepted = (*accepted[:-1], (accepted[-1][0], seq))
-            else:
-                accepted = add(accepted, seq)
+            accepted = (*accepted[:-1], (accepted[-1][0], seq)) if seq == last + 1 else add(accepted, seq)
             last = max(last, seq)
             max_expiry = max(max_expiry, expiry)
             delivered = True

@@ -244,12 +244,12 @@ class KafkaConfig(Mapping[str, str]):
     # -- parsing ------------------------------------------------------------------------------
 
     @classmethod
-    def of(cls, config: "KafkaConfig | Mapping[str, str]") -> "KafkaConfig":
+    def of(cls, config: KafkaConfig | Mapping[str, str]) -> KafkaConfig:
         """``config`` itself if already checked, else :meth:`parse` of it."""
         return config if isinstance(config, KafkaConfig) else cls.parse(config)
 
     @classmethod
-    def parse(cls, settings: Mapping[str, str]) -> "KafkaConfig":
+    def parse(cls, settings: Mapping[str, str]) -> KafkaConfig:
         """Checks the user's settings (``kafka.`` prefix removed, Java or librdkafka names).
 
         Raises:

@@ -120,7 +120,7 @@ def retried(call: Callable[[], T], what: str, budget_ms: int, *, renew: Callable
         attempts += 1
         try:
             return call()
-        except Exception as exc:  # noqa: BLE001 — classified; what cannot be retried is raised as it was
+        except Exception as exc:  # classified; what cannot be retried is raised as it was
             if not is_retriable(exc):
                 raise
             left = deadline - clock()

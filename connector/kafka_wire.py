@@ -282,7 +282,7 @@ class TransactionCoordinatorClient:
             if admin is not None:
                 admin.close()
 
-    def __enter__(self) -> "TransactionCoordinatorClient":
+    def __enter__(self) -> TransactionCoordinatorClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

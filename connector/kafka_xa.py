@@ -24,7 +24,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-
 from lastagent import faults, redact
 from lastagent.errors import KafkaProtocolError, LastAgentError
 from lastagent.kafka_config import KafkaConfig, access_hint, as_librdkafka_strings
@@ -75,7 +74,7 @@ class RefusedRecord:
     text: str
 
     @classmethod
-    def of(cls, report: Sequence[Any]) -> "RefusedRecord":
+    def of(cls, report: Sequence[Any]) -> RefusedRecord:
         """From a delivery report of ``BranchProducer.reports()`` (key bytes are digested here, never kept)."""
         name, text, topic, partition, key, size, index = report
         return cls(str(topic), int(partition) if partition is not None and partition >= 0 else None,
@@ -151,7 +150,7 @@ class BranchHandle:
         }, separators=(",", ":"), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "BranchHandle":
+    def from_json(cls, text: str) -> BranchHandle:
         d = json.loads(text)
         return cls(d["tid"], int(d["pid"]), int(d["epoch"]), int(d["records"]),
                    tuple((str(t), int(p)) for t, p in d.get("partitions", [])))
@@ -564,7 +563,7 @@ class KafkaXAResource:
                 try:
                     return broker_id, admin.describe_configs(
                         [ConfigResource(ConfigResourceType.BROKER, broker_id, configs=[name])], config_filter="all")
-                except Exception as exc:  # noqa: BLE001 — the next broker is asked; the last failure is raised
+                except Exception as exc:  # the next broker is asked; the last failure is raised
                     if not is_retriable(exc):
                         raise
                     failure = exc
@@ -787,7 +786,7 @@ class KafkaXAResource:
     def close(self) -> None:
         self._wire.close()
 
-    def __enter__(self) -> "KafkaXAResource":
+    def __enter__(self) -> KafkaXAResource:
         return self
 
     def __exit__(self, *exc: object) -> None:

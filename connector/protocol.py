@@ -24,8 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
-
+from typing import Any
 
 # -- branches and actions -------------------------------------------------------------------
 
@@ -43,7 +42,7 @@ class Branch:
     producer_epoch: int
 
     @classmethod
-    def of(cls, handle: Any) -> "Branch":
+    def of(cls, handle: Any) -> Branch:
         """The branch of anything with ``transactional_id``, ``producer_id`` and ``producer_epoch``
         (a ``BranchHandle``, an ``OpenTransaction``)."""
         return cls(str(handle.transactional_id), int(handle.producer_id), int(handle.producer_epoch))
@@ -87,7 +86,7 @@ class Fail:
     decided: bool = True
 
 
-Action = Union[WriteDecision, CommitBranch, RollbackBranch, Fail]
+Action = WriteDecision | CommitBranch | RollbackBranch | Fail
 
 
 def _unique(branches: Iterable[Branch]) -> list[Branch]:

@@ -28,10 +28,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
 from lastagent import group_rules
 from lastagent.errors import LastAgentError, OptionError
-
-from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -265,8 +265,7 @@ def reliable_groups(df: DataFrame, *, headers: Mapping[str, str] | None = None,
         LastAgentError: the session's state store is not RocksDB, or pyspark is older than 4.1.
     """
     from pyspark.sql import functions as F
-    from pyspark.sql.types import (BinaryType, ByteType, IntegralType, StringType, StructField, StructType,
-                                   TimestampType)
+    from pyspark.sql.types import BinaryType, ByteType, IntegralType, StringType, StructField, StructType, TimestampType
 
     settings = Settings.parse(headers=headers, columns=columns, headers_column=headers_column, ordered=ordered,
                               default_expiry=default_expiry, default_max_idle=default_max_idle, name=name)
@@ -543,7 +542,7 @@ def held_row(stored: bytes) -> Any:
     if stored.startswith(HELD_ROW_FORMAT):
         return pa.ipc.open_stream(stored[len(HELD_ROW_FORMAT):]).read_all().to_pandas()
     if stored[:1] == b"\x80":  # pickle's PROTO opcode: what versions before the Arrow format wrote
-        return pickle.loads(stored)  # noqa: S301 — written by this step into the query's own checkpoint
+        return pickle.loads(stored)  # written by this step into the query's own checkpoint
     raise LastAgentError(f"a held row of lastagent.reliable_groups in the checkpoint has an unknown format "
                          f"({len(stored)} bytes, neither {HELD_ROW_FORMAT!r} nor a pickle); it was written by a newer "
                          "version of lastagent: resume the query with that version")
@@ -727,7 +726,7 @@ class _BucketProcessor(StatefulProcessor):
 
     # -- Spark's calls
 
-    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:  # noqa: N802, N803
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
         """One batch's messages of one bucket's group ids."""
         import numpy as np
         import pandas as pd
@@ -785,7 +784,7 @@ class _BucketProcessor(StatefulProcessor):
         self._store(timer, groups)
         yield from self._frames(frame, out)
 
-    def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[Any]:  # noqa: N802, N803
+    def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[Any]:
         """The bucket's earliest deadline passed: terminations, refusals of expired held messages, removals."""
         # The watermark: the time of the last micro-batch that carried rows.
         now = timerValues.getCurrentWatermarkInMs()

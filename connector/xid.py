@@ -74,7 +74,7 @@ class Xid:
         return f"{self.format_id}:{self.gtrid.hex()}:{self.bqual.hex()}"
 
     @classmethod
-    def from_text(cls, text: str) -> "Xid":
+    def from_text(cls, text: str) -> Xid:
         """Parses :meth:`to_text`'s form; the exact inverse (only canonical text is accepted).
 
         Raises:
@@ -95,7 +95,7 @@ class Xid:
 def _gtrid(link: str, epoch: int) -> bytes:
     if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch <= MAX_EPOCH:
         raise ValueError(f"epoch {epoch!r} must be an int from 0 to {MAX_EPOCH}")
-    return f"{link}:{epoch}".encode("utf-8")
+    return f"{link}:{epoch}".encode()
 
 
 def gxid_text(link: str, epoch: int) -> str:

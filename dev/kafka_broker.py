@@ -203,7 +203,7 @@ def resolve_jars() -> Path:
         f"-DoutputDirectory={JARS}", "-DincludeScope=runtime",
     ]
     print("kafka: resolving broker jars from Maven Central ...", flush=True)
-    result = subprocess.run(cmd, capture_output=True, text=True)
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise BrokerError(f"mvn could not resolve the Kafka broker:\n{result.stdout}{result.stderr}")
     marker.write_text("ok\n")
@@ -327,7 +327,7 @@ def _configure(workdir: Path, properties: str, cluster_id: str, extra_format_arg
     fmt = subprocess.run(
         _java("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(props),
               "--ignore-formatted", *extra_format_args, log4j=log4j),
-        capture_output=True, text=True,
+        capture_output=True, text=True, check=False,
     )
     if fmt.returncode != 0:
         raise BrokerError(f"formatting the KRaft log dir {workdir / 'data'} failed:\n{fmt.stdout}{fmt.stderr}")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
 import json
@@ -67,7 +68,7 @@ class OidcError(RuntimeError):
 
 
 def _run(*cmd: str, data: bytes | None = None) -> bytes:
-    result = subprocess.run(cmd, input=data, capture_output=True, stdin=None if data is not None else subprocess.DEVNULL)
+    result = subprocess.run(cmd, input=data, capture_output=True, stdin=None if data is not None else subprocess.DEVNULL, check=False)
     if result.returncode != 0:
         raise OidcError(f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stderr.decode(errors='replace')}")
     return result.stdout
@@ -300,7 +301,7 @@ class TokenServer:
 
             do_POST = do_GET = do_PUT = do_DELETE = _answer
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+            def log_message(self, format: str, *args: Any) -> None:  # the base class's name
                 if log:
                     super().log_message(format, *args)
 
@@ -339,10 +340,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"oidc: token endpoint {server.url} (issuer {server.issuer}, audience {server.audience}); "
           f"clients {', '.join(server.clients)}; keys in {args.dir}", flush=True)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
     return 0
 
 

@@ -57,7 +57,7 @@ class PkiError(RuntimeError):
 
 
 def _run(*cmd: str) -> None:
-    result = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    result = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
     if result.returncode != 0:
         raise PkiError(f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout}{result.stderr}")
 

@@ -14,16 +14,33 @@ bounds how long it is kept; there is nothing of ours to clean up.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from lastagent.arbitration import (ArbitrationError, ArbitrationRecord, DeltaArbitrationStore, Decision, LatestTable,
-                                   LinkMismatchError, LostRace, Ownership, accept_lost_on_delta, accepted_lost_on_delta,
-                                   alter_properties, claim_on_delta, delta_ownership, lost_races, owner_keys,
-                                   ownership_properties, stale, until_committed)
+from lastagent.arbitration import (
+    ArbitrationError,
+    ArbitrationRecord,
+    Decision,
+    DeltaArbitrationStore,
+    LatestTable,
+    LinkMismatchError,
+    LostRace,
+    Ownership,
+    accept_lost_on_delta,
+    accepted_lost_on_delta,
+    alter_properties,
+    claim_on_delta,
+    delta_ownership,
+    lost_races,
+    owner_keys,
+    ownership_properties,
+    stale,
+    until_committed,
+)
 from lastagent.errors import LastAgentError
 from lastagent.sinks import delta_files
 from lastagent.sinks.delta_features import TableRules, UnsupportedTableFeatureError, require_plain, rules_of
@@ -144,7 +161,7 @@ class TargetTableStore:
             return self._latest.get()
         except TableNotFoundError:
             return None
-        except Exception as exc:  # noqa: BLE001 — any read failure means "cannot decide now"
+        except Exception as exc:  # any read failure means "cannot decide now"
             raise ArbitrationError(f"cannot read Delta table {self.path}: {exc}") from exc
 
     # -- ownership ----------------------------------------------------------------------------
@@ -227,7 +244,7 @@ class TargetTableStore:
             create_table_with_add_actions(self._where.uri, Schema.from_json(self.fallback_schema_json), [],
                                           mode="ignore", partition_by=list(self.partition_by) or None,
                                           storage_options=self.storage.delta_options(self._where))
-        except Exception as exc:  # noqa: BLE001 — a concurrent creator may have won; table() decides below
+        except Exception as exc:  # a concurrent creator may have won; table() decides below
             log.info("creating Delta table %s: %s", self.path, exc)
 
     def ownership(self, link: str) -> Ownership | None:
@@ -295,8 +312,7 @@ class TargetTableStore:
             ArbitrationError: the table cannot be read or written (nothing decided by this call).
         """
         from deltalake import Schema
-        from deltalake.transaction import (CommitProperties, PostCommitHookProperties, Transaction,
-                                           create_table_with_add_actions)
+        from deltalake.transaction import CommitProperties, PostCommitHookProperties, Transaction, create_table_with_add_actions
 
         staged = staged or StagedEpoch((), None, ())
         if not record.decided_at_ms:
@@ -363,7 +379,7 @@ class TargetTableStore:
                 raise
             except (SchemaMismatchError, ArbitrationError, UnsupportedTableFeatureError):
                 raise
-            except Exception as exc:  # noqa: BLE001 — delta-rs raises plain errors for "table exists"
+            except Exception as exc:  # delta-rs raises plain errors for "table exists"
                 if table is None and self.table() is not None:
                     raise LostRace(f"another writer created {self.path} first") from exc  # decide against it
                 raise ArbitrationError(f"cannot commit to Delta table {self.path}: {exc}") from exc
@@ -428,10 +444,8 @@ class TargetTableStore:
                 continue
             fs, root = self.storage.filesystem(where), where.path
             for a in adds:
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     fs.delete_file(f"{root}/{a['path']}")
-                except FileNotFoundError:
-                    pass
 
     def complete_dead_letters(self, link: str, epoch: int) -> int:
         """Commits a decided epoch's dead-letter files to the dead-letter table, exactly once.
@@ -485,7 +499,7 @@ class TargetTableStore:
                 return len(adds)
             except lost_races():
                 raise
-            except Exception as exc:  # noqa: BLE001 — "table exists" from a racing creator: re-read
+            except Exception as exc:  # "table exists" from a racing creator: re-read
                 if table is None:
                     raise LostRace(f"another writer created {self.dead_letter_table} first") from exc
                 raise ArbitrationError(f"cannot commit dead letters of {link!r} epoch {epoch} to "

@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import math
 import re
 import threading
 from collections.abc import Collection, Sequence
@@ -590,8 +591,7 @@ class _Analyzer:
                     raise _Refuse(f"the literal {v} used as a {t} (too many digits to convert identically)")
             return float(v)
         if t.name == "decimal":
-            q = decimal.Decimal(v).quantize(decimal.Decimal(1).scaleb(-t.s))
-            return q
+            return decimal.Decimal(v).quantize(decimal.Decimal(1).scaleb(-t.s))
         return v
 
     def wider(self, types: list[_T], where: str) -> _T:
@@ -959,7 +959,7 @@ def _literal_sql(value: Any, t: _T) -> str:
     if t.name in ("timestamp", "timestamp_ntz"):
         return _cast(_cast(_string(str(value)), BIGINT), t)
     if t.floating:
-        text = "NaN" if value != value else ("inf" if value == float("inf") else "-inf" if value == float("-inf")
+        text = "NaN" if math.isnan(value) else ("inf" if value == float("inf") else "-inf" if value == float("-inf")
                                               else repr(float(value)))
         return _cast(_string(text), t)
     return _cast(_string(str(value)), t)

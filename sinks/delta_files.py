@@ -13,6 +13,7 @@ file is closed once it reaches the target size.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import math
@@ -321,10 +322,8 @@ class FileWriter:
             f.stream.close()
         self._open.clear()
         for path in self._written:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 self.fs.delete_file(path)
-            except FileNotFoundError:
-                pass
 
 
 def add_actions(adds: list[dict[str, Any]]) -> list[Any]:

@@ -40,8 +40,17 @@ from lastagent.sinks.delta_commit import StagedEpoch, TargetTableStore, schema_d
 from lastagent.sinks.delta_features import TableRules
 from lastagent.sinks.delta_files import FileWriter, delta_arrow_schema, physical_fields
 from lastagent.sinks.delta_sink_options import DeltaSinkOptions
-from lastagent.sinks.query_run import (Started, StartsWhenShipped, generation_of, require_started, require_topics,
-                                       shipped, task_epoch, task_generation, task_run)
+from lastagent.sinks.query_run import (
+    Started,
+    StartsWhenShipped,
+    generation_of,
+    require_started,
+    require_topics,
+    shipped,
+    task_epoch,
+    task_generation,
+    task_run,
+)
 from lastagent.sinks.table_rows import RowChecker
 from lastagent.storage import require_reachable
 
@@ -204,7 +213,7 @@ class _Outputs:
                     return
                 except TransactionFailed as exc:  # an earlier record failed the branch: nothing more goes in
                     raise self._refused_later(exc) from None
-                except Exception as exc:  # noqa: BLE001 — retried, then the next target in the chain
+                except Exception as exc:  # retried, then the next target in the chain
                     last = exc
             refused = (f"dead-letter topic {opts.dead_letter_topic} did not take it after "
                        f"{opts.dead_letter_attempts} attempt(s): {last}")
@@ -396,9 +405,9 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
                            opts.target_file_bytes, storage=opts.storage, physical=physical)
         outputs = _Outputs(opts, epoch, generation, partition, attempt)
         try:
-            for batch in iterator:
-                batch = dead_letters.filter_headers(batch, opts.keep_headers, opts.drop_headers)
-                batch, refused = split_refused(batch)
+            for incoming in iterator:
+                kept = dead_letters.filter_headers(incoming, opts.keep_headers, opts.drop_headers)
+                batch, refused = split_refused(kept)
                 for row, rule, reason in refused:
                     outputs.dead_letter(row, rule, reason)
                 out = [batch]
@@ -406,19 +415,20 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
                     out, failed = transformer.apply(fn, batch)
                     for f in failed:
                         outputs.dead_letter(f.row, f.reason, f.error)
-                for b in out:
-                    b = b.cast(delta_arrow_schema(b.schema)) if target is None else b
+                for produced in out:
+                    b = produced.cast(delta_arrow_schema(produced.schema)) if target is None else produced
                     # The first batch fixes the schema of a new table for the rest of the task.
                     target = target if target is not None else b.schema
                     ok, failed = transformer.conform(b, target, opts.merge_schema)
                     for f in failed:
                         outputs.dead_letter(f.row, f.reason, f.error)
-                    for good in ok:
+                    for conformed in ok:
+                        good = conformed
                         if self.rules.rows_checked:
                             given = tuple(b.schema.names)
                             if given not in checkers:
                                 checkers[given] = RowChecker(self.rules, target, given, time_zone)
-                            good, broken = checkers[given].apply(good)
+                            good, broken = checkers[given].apply(conformed)
                             for f in broken:
                                 outputs.dead_letter(f.row, f.reason, f.error)
                         files.write(good)
@@ -432,7 +442,7 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
             try:
                 files.discard()
                 outputs.abort()
-            except Exception as exc:  # noqa: BLE001 — the original failure is what matters
+            except Exception as exc:  # the original failure is what matters
                 log.warning("epoch %d task %d.%d: cleanup after a failed write also failed: %s",
                             epoch, partition, attempt, exc)
             raise
@@ -445,7 +455,7 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
 
     # -- driver -----------------------------------------------------------------------------
 
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         from lastagent.committer import Committer, EpochNotDecidedError
 
         msgs = [m for m in messages if isinstance(m, DeltaMessage)]
@@ -472,7 +482,7 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
         log.info("link %s epoch %d: committed %d rows in %d files to %s; %d dead letters", self.options.link,
                  batchId, rows, len(staged.adds), self.options.path, dead)
 
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         from lastagent.committer import Committer
 
         msgs = [m for m in messages if isinstance(m, DeltaMessage)]

@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from lastagent import xid
-from lastagent.kafka_config import KafkaConfig
 from lastagent.errors import OptionError
+from lastagent.kafka_config import KafkaConfig
 from lastagent.options import Option, OptionTable
-from lastagent.storage import StorageConfig, location
 from lastagent.sinks.kafka_sink_options import DEFAULT_TRANSACTION_TIMEOUT_MS
+from lastagent.storage import StorageConfig, location
 
 #: Producer settings the sink owns (same reasons as the Kafka sink's).
 _RESERVED = ("kafka.transactional.id", "kafka.enable.idempotence", "kafka.key.serializer",
@@ -137,7 +137,7 @@ class DeltaSinkOptions(xid.LinkIds):
         return bool(self.dead_letter_topic or self.side_topics)
 
     @classmethod
-    def parse(cls, options: Mapping[str, str]) -> "DeltaSinkOptions":
+    def parse(cls, options: Mapping[str, str]) -> DeltaSinkOptions:
         """Parses Spark's (case-insensitive) option map.
 
         Raises:

@@ -100,7 +100,7 @@ def _bytes_of(column: Any) -> list[bytes | None]:
     return column.to_pylist()
 
 
-def simple_columns(batch: "object") -> tuple[Any, Any]:
+def simple_columns(batch: object) -> tuple[Any, Any]:
     """(keys or None, values) of a batch with only key and value columns, as Arrow arrays: the
     sink's fast path hands them to the compiled producer without a Python object per record."""
     import pyarrow as pa
@@ -110,7 +110,7 @@ def simple_columns(batch: "object") -> tuple[Any, Any]:
     return cols.get("key"), cols["value"]
 
 
-def records(batch: "object", topic_option: str | None) -> Iterator[Record]:
+def records(batch: object, topic_option: str | None) -> Iterator[Record]:
     """Yields the Kafka records of one Arrow RecordBatch. Executor side.
 
     Raises:

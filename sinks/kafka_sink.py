@@ -31,8 +31,17 @@ from lastagent import faults, protocol
 from lastagent.kafka_xa import BranchHandle, BranchWriter
 from lastagent.sinks.kafka_rows import check_schema, records, simple_columns
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
-from lastagent.sinks.query_run import (Started, StartsWhenShipped, generation_of, require_started, require_topics,
-                                       shipped, task_epoch, task_generation, task_run)
+from lastagent.sinks.query_run import (
+    Started,
+    StartsWhenShipped,
+    generation_of,
+    require_started,
+    require_topics,
+    shipped,
+    task_epoch,
+    task_generation,
+    task_run,
+)
 from lastagent.storage import require_reachable
 
 if TYPE_CHECKING:
@@ -84,7 +93,7 @@ class KafkaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
             ownership, decided_through = committer.start(owner)
         return shipped(ownership, decided_through, owner)
 
-    def _claim(self, owner: str) -> "Callable[[str], Ownership]":
+    def _claim(self, owner: str) -> Callable[[str], Ownership]:
         """Claims the link for a run in the arbitration table. Executor, a run's first tasks."""
         from lastagent.arbitration import DeltaArbitrationStore
 
@@ -128,7 +137,7 @@ class KafkaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
             # rather than let it hold the partitions' last stable offset until it times out.
             try:
                 writer.abort_local()
-            except Exception as exc:  # noqa: BLE001 — the original failure is what matters
+            except Exception as exc:  # the original failure is what matters
                 log.warning("branch %s: local abort after a failed write also failed: %s", tid, exc)
             raise
         faults.point("after_prepare")
@@ -136,7 +145,7 @@ class KafkaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
 
     # -- driver -----------------------------------------------------------------------------
 
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Driver, once per epoch: decide, then phase 2 (:meth:`Committer.commit`)."""
         from lastagent.committer import Committer
 
@@ -150,7 +159,7 @@ class KafkaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
         with Committer(self.options) as committer:
             committer.commit(batchId, generation, _handles(msgs))
 
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Driver: Spark gave up on the epoch (:meth:`Committer.abort`)."""
         from lastagent.committer import Committer
 

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from lastagent import xid
-from lastagent.kafka_config import KafkaConfig
 from lastagent.errors import OptionError
+from lastagent.kafka_config import KafkaConfig
 from lastagent.options import Option, OptionTable
 from lastagent.storage import StorageConfig, location
 
@@ -79,7 +79,7 @@ class KafkaSinkOptions(xid.LinkIds):
         return self.client_config["bootstrap.servers"]
 
     @classmethod
-    def parse(cls, options: Mapping[str, str]) -> "KafkaSinkOptions":
+    def parse(cls, options: Mapping[str, str]) -> KafkaSinkOptions:
         """Parses Spark's (case-insensitive) option map.
 
         Raises:

@@ -82,7 +82,7 @@ def _per_record(batch: pa.RecordBatch, step: Callable[[pa.RecordBatch], list[pa.
         row = batch.slice(i, 1)
         try:
             ok.extend(step(row))
-        except Exception as exc:  # noqa: BLE001 — the record goes to the dead letters with this error
+        except Exception as exc:  # the record goes to the dead letters with this error
             failed.append(Failure(row, reason, exc))
     return ok, failed
 
@@ -95,7 +95,7 @@ def apply(fn: Transform, batch: pa.RecordBatch) -> tuple[list[pa.RecordBatch], l
     """
     try:
         return _batches(fn(batch)), []
-    except Exception:  # noqa: BLE001 — find out which records fail, one at a time
+    except Exception:  # find out which records fail, one at a time
         return _per_record(batch, lambda row: _batches(fn(row)), "transformer-failed")
 
 

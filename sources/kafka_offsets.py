@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from lastagent.errors import DataLossError, KafkaProtocolError, OptionError
 from lastagent.kafka_config import access_hint, as_librdkafka_strings
 from lastagent.kafka_retry import is_retriable, retried
-from lastagent.errors import DataLossError, KafkaProtocolError, OptionError
 from lastagent.sources.kafka_source_options import KafkaSourceOptions
 
 log = logging.getLogger("lastagent.source")

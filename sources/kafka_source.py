@@ -37,8 +37,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from lastagent.kafka_config import KafkaConfig, access_hint, as_librdkafka_strings
 from lastagent.errors import DataLossError, KafkaProtocolError, OptionError
+from lastagent.kafka_config import KafkaConfig, access_hint, as_librdkafka_strings
 from lastagent.sources.kafka_offsets import (
     TP,
     OffsetRange,
@@ -109,23 +109,23 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- start ----------------------------------------------------------------------------
 
-    def initialOffset(self) -> dict:  # noqa: N802 — Spark's API
+    def initialOffset(self) -> dict:  # Spark's API
         """Resolves startingOffsets / startingTimestamp / startingOffsetsByTimestamp (new query only)."""
         return to_json(starting_offsets(self.offsets, self.options, sorted(self._known)))
 
     # -- each trigger -----------------------------------------------------------------------
 
-    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802 — Spark's API
+    def getDefaultReadLimit(self) -> ReadLimit:  # Spark's API
         """``maxOffsetsPerTrigger`` as Spark's admission control sees it."""
         n = self.options.max_offsets_per_trigger
         return ReadMaxRows(n) if n else ReadAllAvailable()
 
-    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802 — Spark's API
+    def prepareForTriggerAvailableNow(self) -> None:  # Spark's API
         """Trigger.AvailableNow: fixes the end at the offsets available now."""
         tps = self.offsets.partitions()
         self._available_now = self.offsets.latest(tps)
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # noqa: N802 — Spark's API
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # Spark's API
         """The end of the next batch: latest (stable) offsets, new partitions from earliest, rate-limited."""
         begin = from_json(start)
         # Spark asks for the next batch's end only once the previous batch is done (and calls
@@ -145,7 +145,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             latest = rate_limit(begin, latest, limit.max_rows)
         return to_json({**begin, **latest})
 
-    def reportLatestOffset(self) -> dict | None:  # noqa: N802 — Spark's API
+    def reportLatestOffset(self) -> dict | None:  # Spark's API
         return to_json(self._latest) if self._latest else None
 
     def partitions(self, start: dict, end: dict) -> list[KafkaInputPartition]:
@@ -195,8 +195,8 @@ class FailedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _raise(self, *_: Any) -> Any:
         raise self.error
 
-    initialOffset = latestOffset = getDefaultReadLimit = prepareForTriggerAvailableNow = _raise  # type: ignore[assignment]  # noqa: N815
-    reportLatestOffset = partitions = read = commit = _raise  # type: ignore[assignment]  # noqa: N815
+    initialOffset = latestOffset = getDefaultReadLimit = prepareForTriggerAvailableNow = _raise  # type: ignore[assignment]
+    reportLatestOffset = partitions = read = commit = _raise  # type: ignore[assignment]
 
     def stop(self) -> None:
         return None

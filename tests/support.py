@@ -77,7 +77,7 @@ def race(fn: Callable[[str], Any], names: Sequence[str]) -> dict[str, Any]:
         barrier.wait()
         try:
             results[name] = fn(name)
-        except Exception as exc:  # noqa: BLE001 — handed to the test, which asserts on it
+        except Exception as exc:  # handed to the test, which asserts on it
             results[name] = exc
 
     threads = [threading.Thread(target=run, args=(n,)) for n in names]
@@ -202,7 +202,7 @@ def in_sync(cluster: Any, timeout_s: float = 240.0) -> None:
             if brokers == set(cluster.nodes) and not lagging:
                 return
             last = f"brokers {sorted(brokers)}, out of sync: {lagging[:5]}"
-        except Exception as exc:  # noqa: BLE001 — a node may still be starting; asked again until the deadline
+        except Exception as exc:  # a node may still be starting; asked again until the deadline
             last = f"{type(exc).__name__}: {exc}"
         time.sleep(1)
     raise AssertionError(f"the cluster did not get back in sync within {timeout_s:.0f}s: {last}")

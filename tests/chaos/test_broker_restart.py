@@ -37,7 +37,7 @@ def _wait_for_broker(bootstrap: str, timeout_s: float = 90) -> None:
         try:
             KafkaAdminClient(bootstrap_servers=bootstrap).list_topics()
             return
-        except Exception:  # noqa: BLE001 — retried until the deadline
+        except Exception:  # retried until the deadline
             if time.monotonic() > deadline:
                 raise
             time.sleep(1)
@@ -84,9 +84,8 @@ def test_prepared_branches_survive_a_broker_kill_between_decision_and_phase_2(ow
 
     faults.install(kill_after_the_decision)
     try:
-        with Committer(options, store=store) as committer:
-            with pytest.raises(KafkaUnavailableError):
-                committer.commit(0, 1, handles)  # decided, but phase 2 cannot reach Kafka
+        with Committer(options, store=store) as committer, pytest.raises(KafkaUnavailableError):
+            committer.commit(0, 1, handles)  # decided, but phase 2 cannot reach Kafka
     finally:
         faults.install(None)
     assert store.get("restart", 0) is not None
@@ -106,9 +105,8 @@ def test_a_broker_down_before_the_decision_decides_nothing_and_the_replay_writes
     options, store, topic = link
     handles = _prepare(options, topic, 1)
     kafka_broker.kill(port, workdir)  # mid-epoch: prepared, not decided
-    with Committer(options, store=store) as committer:
-        with pytest.raises(KafkaUnavailableError):
-            committer.commit(0, 1, handles)
+    with Committer(options, store=store) as committer, pytest.raises(KafkaUnavailableError):
+        committer.commit(0, 1, handles)
     assert store.get("restart", 0) is None
 
     kafka_broker.up(port, workdir)

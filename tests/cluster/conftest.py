@@ -20,9 +20,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 import pyspark
+import pytest
 
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 CRASH_HOOK = Path(__file__).resolve().parent.parent / "crashhook"
@@ -63,7 +62,7 @@ class Cluster:
             self._env.pop(key, None)
 
     def _launch(self, name: str, args: list[str]) -> subprocess.Popen:
-        log = open(self.workdir / f"{name}.log", "ab")
+        log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 — the JVM writes to it after this returns
         # A shell that leads a new session and execs the JVM: its pid is the group's id, which the
         # worker's children (executor JVMs, Python daemons' parents) inherit as LASTAGENT_MACHINE_PGID.
         cmd = ['exec "$0" "$@"', str(SPARK_HOME / "bin" / "spark-class"), *args]

@@ -13,6 +13,7 @@ process as a Connect one (``F.col`` returns Connect columns; the classic session
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -54,7 +55,7 @@ def _error(fn: Any) -> str | None:
     """None when fn() succeeds, else the type and message of its exception (what the user sees)."""
     try:
         fn()
-    except Exception as e:  # noqa: BLE001 — the test asserts on the text
+    except Exception as e:  # the test asserts on the text
         return f"{type(e).__name__}: {e}"
     return None
 
@@ -176,14 +177,12 @@ def main(argv: list[str]) -> int:
     spark = SparkSession.builder.remote(args["url"]).getOrCreate()
     try:
         result = scenario(spark, args)
-    except Exception:  # noqa: BLE001 — the test shows the traceback
+    except Exception:  # the test shows the traceback
         traceback.print_exc()
         return 1
     finally:
-        try:
+        with contextlib.suppress(Exception):  # the server may be gone (the recovery test kills it)
             spark.stop()
-        except Exception:  # noqa: BLE001, S110 — the server may be gone (the recovery test kills it)
-            pass
     result["seconds"] = round(time.monotonic() - started, 1)
     print("RESULT " + json.dumps(result), flush=True)
     return 0

@@ -10,6 +10,7 @@ in processes of their own (see conftest.py for why). stdlib and pyspark only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -154,10 +155,8 @@ class ConnectServer:
         members = session_members(proc.pid)
         kill_group(proc)
         for pid in members:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + 30
         while _answers(self.port) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -236,11 +235,7 @@ def finish_client(proc: subprocess.Popen[bytes], server: ConnectServer, log: Pat
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
     """SIGKILLs a client's process group (it leads its own session) and reaps it."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        pass

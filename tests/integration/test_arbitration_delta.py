@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 from support import race
 
-from lastagent.arbitration import (ArbitrationError, ArbitrationRecord, DeltaArbitrationStore, InMemoryArbitrationStore,
-                                   LinkMismatchError, StaleOwnerError)
+from lastagent.arbitration import (
+    ArbitrationError,
+    ArbitrationRecord,
+    DeltaArbitrationStore,
+    InMemoryArbitrationStore,
+    LinkMismatchError,
+    StaleOwnerError,
+)
 
 pytestmark = pytest.mark.integration
 

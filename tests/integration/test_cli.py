@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 
 
 def lastagent(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "lastagent.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "lastagent.cli", *args], capture_output=True, text=True, timeout=120, check=False)
 
 
 def test_status_and_recover(kafka_bootstrap, new_topic, tmp_path):

@@ -23,8 +23,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from lastagent.sinks.delta_features import Constraint, GeneratedColumn
 from lastagent.sinks.delta_expressions import RowRules, check_supported
+from lastagent.sinks.delta_features import Constraint, GeneratedColumn
 
 pytestmark = pytest.mark.integration
 
@@ -131,7 +131,7 @@ def _create(spark, root: Path, columns: str, *checks: str, alter: bool = False) 
     as the table properties that command records (``delta.constraints.<name>``)."""
     path = str(root / f"t-{uuid.uuid4().hex[:8]}")
     # In a Spark string literal; the constraints here have no backslash, a quote gets one.
-    properties = ", ".join("'delta.constraints.c%d' = '%s'" % (k, c.replace("'", "\\'")) for k, c in enumerate(checks))
+    properties = ", ".join("'delta.constraints.c{}' = '{}'".format(k, c.replace("'", "\\'")) for k, c in enumerate(checks))
     tblproperties = f" TBLPROPERTIES ({properties})" if checks and not alter else ""
     spark.sql(f"CREATE TABLE delta.`{path}` ({columns}) USING delta{tblproperties}")
     if alter:

@@ -175,7 +175,7 @@ def test_a_record_the_broker_refuses_fails_the_query_fast_naming_its_position_no
     select = ["key", "value"] if simple else ["key", "value", "CAST(0 AS INT) AS partition"]
     started = time.monotonic()
     q = _query(spark, source, tmp_path, kafka_bootstrap, topic, link=link, select=select)
-    with pytest.raises(Exception) as failed:  # noqa: PT011 — Spark's StreamingQueryException wraps ours
+    with pytest.raises(Exception) as failed:  # Spark's StreamingQueryException wraps ours
         q.awaitTermination(120)
     assert time.monotonic() - started < 60, "an upper bound against a hang, not a performance figure"
     text = str(failed.value)

@@ -376,8 +376,9 @@ def test_a_read_that_ends_late_never_touches_a_later_reads_consumer(kafka_bootst
 def test_registered_by_hand_reads_like_discovered(spark, kafka_bootstrap, new_topic):
     """lastagent.register (for runtimes that do not scan pyspark_* modules) on a session that found the
     formats already: registering again changes nothing, and the format reads."""
-    import lastagent
     from confluent_kafka import Producer
+
+    import lastagent
 
     topic = new_topic()
     producer = Producer({"bootstrap.servers": kafka_bootstrap})

@@ -197,7 +197,7 @@ def test_a_record_the_broker_refuses_ends_the_branch_at_once_naming_its_position
     for i in range(records_before):
         w.send(topic, b"fine", key=str(i).encode())
     if records_before:
-        w._flush(30)  # noqa: SLF001 — delivered before the refused one: its batch is not the first
+        w._flush(30)  # delivered before the refused one: its batch is not the first
     w.send(topic, secret_value, key=secret_key)
     started = time.monotonic()
     with pytest.raises(TransactionFailed) as failed:
@@ -234,7 +234,7 @@ def test_released_producer_leaves_its_prepared_branch_open_and_abort_local_ends_
     kept.send(topic, b"kept")
     handle = kept.prepare()
     kept.release()
-    assert kept._producer is None  # noqa: SLF001 — freed now, not at some later collection
+    assert kept._producer is None  # freed now, not at some later collection
     assert describe_open(config, handle.transactional_id)[:2] == (handle.producer_id, handle.producer_epoch)
     aborted = BranchWriter(config, f"abort-{uuid.uuid4().hex[:8]}", 60_000)
     aborted.send(topic, b"aborted")

@@ -110,7 +110,7 @@ def test_the_target_table_gets_one_claim_per_run_and_maintenance_goes_on_beside_
                 if i % 5 == 4:
                     spark.sql(f"OPTIMIZE delta.`{table}`").collect()  # Spark's compaction
                 i += 1
-        except BaseException as exc:  # noqa: BLE001 — reported by the assertion below
+        except BaseException as exc:  # reported by the assertion below
             errors.append(exc)
 
     worker = threading.Thread(target=maintain)

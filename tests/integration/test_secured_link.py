@@ -23,8 +23,8 @@ from pathlib import Path
 import kafka_broker
 import pytest
 import support
-from support import grant_all, link_acls
 from confluent_kafka import Producer
+from support import grant_all, link_acls
 
 from lastagent.errors import KafkaProtocolError, OptionError
 from lastagent.kafka_xa import BranchError, BranchWriter, KafkaXAResource
@@ -61,7 +61,7 @@ def as_admin(secured_kafka) -> dict[str, str]:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lastagent.cli", *args], capture_output=True, text=True, timeout=180)
+    return subprocess.run([sys.executable, "-m", "lastagent.cli", *args], capture_output=True, text=True, timeout=180, check=False)
 
 
 def assert_no_secret(roots: list[Path], topics: list[str], secured_kafka, skip: Path, also_skip: Path | None = None) -> int:
@@ -215,12 +215,11 @@ def test_each_missing_acl_is_named(missing, says, secured_kafka, new_secured_top
     link = f"acl-{uuid.uuid4().hex[:8]}"
     grant_all(grant, [acl for acl in link_acls(link, write=(topic,)) if acl[0] != missing])
     started = time.monotonic()
-    with KafkaXAResource(client(secured_kafka)) as xa:
-        with pytest.raises((KafkaProtocolError, BranchError)) as err:
-            # What a query start and an epoch do, in order: broker limits, recovery, a branch.
-            xa.broker_max_timeout_ms()
-            xa.recover(f"lastagent-{link}-")
-            _branch(client(secured_kafka), link, topic)
+    with KafkaXAResource(client(secured_kafka)) as xa, pytest.raises((KafkaProtocolError, BranchError)) as err:
+        # What a query start and an epoch do, in order: broker limits, recovery, a branch.
+        xa.broker_max_timeout_ms()
+        xa.recover(f"lastagent-{link}-")
+        _branch(client(secured_kafka), link, topic)
     assert says in str(err.value), err.value
     assert time.monotonic() - started < TIMEOUT_MS / 1000 + 10
     with KafkaXAResource(as_admin(secured_kafka)) as admin_xa:

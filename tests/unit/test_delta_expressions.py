@@ -13,8 +13,8 @@ import pyarrow as pa
 import pytest
 
 from lastagent.errors import LastAgentError
-from lastagent.sinks.delta_features import Constraint, GeneratedColumn
 from lastagent.sinks.delta_expressions import RowRules, UnsupportedExpressionError, check_supported
+from lastagent.sinks.delta_features import Constraint, GeneratedColumn
 
 pytestmark = pytest.mark.unit
 

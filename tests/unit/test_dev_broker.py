@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import base64
 
-import pytest
-
 import kafka_broker  # dev/, on the path from tests/conftest.py
+import pytest
 
 pytestmark = pytest.mark.unit
 

@@ -9,8 +9,24 @@ from collections import Counter
 
 import pytest
 
-from lastagent.group_rules import (RULES, Deliver, Duplicate, GroupState, Hold, Limits, Message, Refuse, Remove,
-                                   Terminate, add, advance, contains, deadline, receive, run)
+from lastagent.group_rules import (
+    RULES,
+    Deliver,
+    Duplicate,
+    GroupState,
+    Hold,
+    Limits,
+    Message,
+    Refuse,
+    Remove,
+    Terminate,
+    add,
+    advance,
+    contains,
+    deadline,
+    receive,
+    run,
+)
 
 pytestmark = pytest.mark.unit
 

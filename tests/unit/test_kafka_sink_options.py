@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, LongType, StringType, StructField,
-                               StructType)
+from pyspark.sql.types import ArrayType, BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
 from lastagent.errors import OptionError
 from lastagent.sinks.kafka_rows import SchemaError, check_schema, records
@@ -112,7 +111,7 @@ class _Ctx:
     def __init__(self, batch_id):
         self.batch_id = batch_id
 
-    def getLocalProperty(self, key):  # noqa: N802 — pyspark's name
+    def getLocalProperty(self, key):  # pyspark's name
         assert key == "streaming.sql.batchId"
         return self.batch_id
 

@@ -123,10 +123,7 @@ def test_a_token_provider_is_called_without_a_poll(kind: str) -> None:
     from lastagent._native import BranchProducer
 
     provider = _Provider(_token)
-    if kind == "consumer":
-        client = RangeConsumer(_CONSUMER, token_provider=provider)
-    else:
-        client = BranchProducer(_PRODUCER, token_provider=provider)
+    client = RangeConsumer(_CONSUMER, token_provider=provider) if kind == "consumer" else BranchProducer(_PRODUCER, token_provider=provider)
     try:
         assert provider.called.wait(10), "the token provider was never called"
         assert threading.get_ident() not in provider.threads

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lastagent.arbitration import (RETIRED_RUNS, InMemoryArbitrationStore, LinkOwnedError, Ownership, StaleOwnerError,
-                                   next_ownership)
+from lastagent.arbitration import RETIRED_RUNS, InMemoryArbitrationStore, LinkOwnedError, Ownership, StaleOwnerError, next_ownership
 from lastagent.errors import LastAgentError
 from lastagent.sinks.query_run import Started, task_generation, task_run
 
@@ -45,7 +44,7 @@ class _Ctx:
     def __init__(self, **props: str) -> None:
         self.props = props
 
-    def getLocalProperty(self, key: str) -> str | None:  # noqa: N802 — Spark's TaskContext API
+    def getLocalProperty(self, key: str) -> str | None:  # Spark's TaskContext API
         return self.props.get(key)
 
 

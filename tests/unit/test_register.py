@@ -22,10 +22,10 @@ def test_both_formats_are_registered():
     registered = []
 
     class Session:
-        class dataSource:  # noqa: N801 — SparkSession's attribute name
+        class dataSource:  # SparkSession's attribute name
             @staticmethod
-            def register(cls):
-                registered.append(cls.name())
+            def register(source):
+                registered.append(source.name())
 
     lastagent.register(Session())
     assert registered == ["lastagent-kafka", "lastagent-delta"]

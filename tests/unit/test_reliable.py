@@ -10,8 +10,17 @@ import pytest
 
 from lastagent import group_rules
 from lastagent.errors import OptionError
-from lastagent.reliable import (FIELDS, REFUSED_REASON, REFUSED_RULE, Settings, message, parse_duration, parse_time,
-                                split_refused, strip_refusal_columns)
+from lastagent.reliable import (
+    FIELDS,
+    REFUSED_REASON,
+    REFUSED_RULE,
+    Settings,
+    message,
+    parse_duration,
+    parse_time,
+    split_refused,
+    strip_refusal_columns,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -164,10 +173,10 @@ def test_without_the_micro_batch_time_the_processor_stops_and_changes_nothing(ba
     class Handle:  # a state store that records every call
         calls: list[str] = []
 
-        def getValueState(self, *a):  # noqa: N802
+        def getValueState(self, *a):
             return self
 
-        def getMapState(self, *a):  # noqa: N802
+        def getMapState(self, *a):
             return self
 
         def __getattr__(self, name):

@@ -9,8 +9,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lastagent.sinks.delta_features import (FEATURES, Constraint, GeneratedColumn, TableRules,
-                                            UnsupportedTableFeatureError, markdown, table_features, write_rules)
+from lastagent.sinks.delta_features import (
+    FEATURES,
+    Constraint,
+    GeneratedColumn,
+    TableRules,
+    UnsupportedTableFeatureError,
+    markdown,
+    table_features,
+    write_rules,
+)
 from lastagent.sinks.delta_files import FileWriter, physical_fields
 from lastagent.sinks.table_rows import RowChecker
 

@@ -8,8 +8,19 @@ import pytest
 
 from lastagent.errors import OptionError
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
-from lastagent.xid import (FORMAT_ID, MAX_EPOCH, MAX_LINK_LENGTH, MAXBQUALSIZE, MAXGTRIDSIZE, Xid, check_link, gxid_text,
-                           id_prefix, parse_transactional_id, transactional_id)
+from lastagent.xid import (
+    FORMAT_ID,
+    MAX_EPOCH,
+    MAX_LINK_LENGTH,
+    MAXBQUALSIZE,
+    MAXGTRIDSIZE,
+    Xid,
+    check_link,
+    gxid_text,
+    id_prefix,
+    parse_transactional_id,
+    transactional_id,
+)
 
 pytestmark = pytest.mark.unit
 
