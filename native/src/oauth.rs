@@ -147,10 +147,15 @@ impl TokenSource for TokenProvider {
 /// Routes librdkafka's token refresh to the provider of `T`, the type of the conf's opaque.
 /// Client creation, before rd_kafka_new.
 ///
-/// Safety: `conf` is a live configuration whose opaque is (or will be, before rd_kafka_new) a
-/// pointer to a `T` that stays alive and in place until the handle is destroyed.
+/// # Safety
+///
+/// `conf` is a live configuration, not yet given to rd_kafka_new, whose opaque is (or will be,
+/// before rd_kafka_new) a pointer to a `T` that stays alive and in place until the handle made
+/// from it is destroyed: `on_token_refresh::<T>` reads the opaque as a `T`.
 pub(crate) unsafe fn configure<T: TokenSource>(conf: *mut rd::rd_kafka_conf_t) {
-    // SAFETY: conf is live (the caller's contract); the callback matches librdkafka's signature.
+    // SAFETY: conf is live and not yet owned by a handle (the caller's contract); the callback has
+    // librdkafka's signature (the bindings' type checks it), and the `T` it reads the opaque as is
+    // the one the caller vouches for.
     unsafe {
         rd::rd_kafka_conf_set_oauthbearer_token_refresh_cb(conf, Some(on_token_refresh::<T>));
         // Refresh requests on a queue of their own (not the main queue, which only a poll
@@ -163,9 +168,12 @@ pub(crate) unsafe fn configure<T: TokenSource>(conf: *mut rd::rd_kafka_conf_t) {
 /// Client creation, right after rd_kafka_new. librdkafka's text if it cannot: the settings use
 /// no SASL/OAUTHBEARER, so the provider would never be asked.
 ///
-/// Safety: `rk` is a live handle created from a conf prepared by `configure`.
+/// # Safety
+///
+/// `rk` is a live handle created from a conf prepared by `configure`.
 pub(crate) unsafe fn serve_in_background(rk: *mut rd::rd_kafka_t) -> Result<(), String> {
-    // SAFETY: rk is live (the caller's contract); an error returned is ours to destroy.
+    // SAFETY: rk is live (the caller's contract). An error object returned is ours: its text lives
+    // as long as it and is copied (text) before it is destroyed, once.
     unsafe {
         let error = rd::rd_kafka_sasl_background_callbacks_enable(rk);
         if error.is_null() {

@@ -9,7 +9,7 @@
 use std::ffi::{c_char, c_int, c_void};
 use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use arrow_array::cast::AsArray;
 use arrow_array::{make_array, Array, ArrayRef};
@@ -21,7 +21,7 @@ use pyo3::types::{PyCapsule, PyTuple};
 use rdkafka_sys as rd;
 
 use crate::oauth::{self, TokenProvider, TokenSource};
-use crate::{cstring, err_name, err_text, new_conf, text, NativeKafkaError};
+use crate::{code_name, code_text, cstring, destroy_new, err_name, err_text, message_err, new_conf, text, NativeKafkaError};
 
 /// A librdkafka error as Python sees it: (name, text).
 type KafkaErr = (String, String);
@@ -62,40 +62,67 @@ const KEEP_FAILURES: usize = 16;
 /// default) could run empty while the broker would take more.
 const QUEUE_FULL_WAIT_MS: c_int = 5;
 
-extern "C" {
-    #[link_name = "rd_kafka_err2name"]
-    fn err2name_raw(err: c_int) -> *const c_char;
+/// Locks one of the Reports' mutexes, poisoned or not: a panic while one was held (there is none
+/// to expect) must not turn into a second one, least of all in a callback, where it would abort.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// librdkafka's delivery report callback (dr_msg_cb). With delivery.report.only.error it is called
+/// for failed records only, on the thread that serves the producer's queue: a `poll`, `flush`,
+/// `produce` or `produce_columns` call, without the GIL. Must not panic: a panic cannot unwind
+/// into librdkafka (C), so it aborts the process (the Spark worker).
+///
+/// # Safety
+///
+/// Only librdkafka calls it, as the dr_msg_cb `BranchProducer::new` sets: `opaque` is then that
+/// producer's `Reports` (`Arc::as_ptr`), which the BranchProducer keeps until after
+/// rd_kafka_destroy, and `m` is a message librdkafka keeps alive for the call.
 unsafe extern "C" fn on_delivery(_rk: *mut rd::rd_kafka_t, m: *const rd::rd_kafka_message_t, opaque: *mut c_void) {
-    // delivery.report.only.error: called (from poll/flush) for failed records only.
-    let reports = &*(opaque as *const Reports);
-    let msg = &*m;
-    match msg.err {
-        rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR => {}
+    // SAFETY: opaque is the producer's Reports, alive for the call (see # Safety). Only a shared
+    // reference is made: two threads polling at once may both run callbacks, and Reports is Sync
+    // (mutexes and atomics).
+    let reports = unsafe { &*(opaque as *const Reports) };
+    // SAFETY: m is live for the call (see # Safety); only plain fields are read through the
+    // reference, the error code through message_err (a broker's code may be one the bindings'
+    // enum does not list).
+    let (msg, code) = unsafe { (&*m, message_err(m)) };
+    match rd::rd_kafka_resp_err_t::try_from(code) {
+        Ok(rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR) => {}
         // Not a cause: records the client dropped because the transaction had already failed.
-        rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__PURGE_QUEUE | rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__PURGE_INFLIGHT => {
+        Ok(rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__PURGE_QUEUE | rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__PURGE_INFLIGHT) => {
             reports.purged.fetch_add(1, Ordering::Relaxed);
         }
-        err => {
+        _ => {
             reports.failed.fetch_add(1, Ordering::Relaxed);
+            // Both buffers are in memory at once: the sum cannot overflow.
             let size = msg.len + msg.key_len;
             let failure = || {
-                let key = (!msg.key.is_null())
-                    .then(|| std::slice::from_raw_parts(msg.key as *const u8, msg.key_len).to_vec());
-                let topic = if msg.rkt.is_null() { String::new() } else { text(rd::rd_kafka_topic_name(msg.rkt)) };
+                let key = (!msg.key.is_null()).then(|| {
+                    // SAFETY: a non-null key points to key_len bytes of the message, alive for the
+                    // call; copied (to_vec) before it returns.
+                    unsafe { std::slice::from_raw_parts(msg.key as *const u8, msg.key_len) }.to_vec()
+                });
+                let topic = if msg.rkt.is_null() {
+                    String::new()
+                } else {
+                    // SAFETY: a non-null rkt is the message's topic handle, alive for the call;
+                    // its name is NUL-terminated and lives as long as it; text copies it.
+                    unsafe { text(rd::rd_kafka_topic_name(msg.rkt)) }
+                };
                 // The opaque is the record's index + 1 (produce, produce_columns); null: unknown.
-                let index = (msg._private as usize as i64) - 1;
+                // Wrapping: an index near u64::MAX must not overflow (a panic here would abort).
+                let index = (msg._private as usize as i64).wrapping_sub(1);
                 // Not rd_kafka_message_errstr: on a delivery report that returns the payload as text.
-                (err_name(err), err_text(err), topic, msg.partition, key, size, index)
+                (code_name(code), code_text(code), topic, msg.partition, key, size, index)
             };
             {
-                let mut failures = reports.failures.lock().unwrap();
+                let mut failures = lock(&reports.failures);
                 if failures.len() < KEEP_FAILURES {
                     failures.push(failure());
                 }
             }
-            let mut largest = reports.largest.lock().unwrap();
+            let mut largest = lock(&reports.largest);
             if largest.as_ref().is_none_or(|l| size > l.5) {
                 *largest = Some(failure());
             }
@@ -103,21 +130,41 @@ unsafe extern "C" fn on_delivery(_rk: *mut rd::rd_kafka_t, m: *const rd::rd_kafk
     }
 }
 
+/// librdkafka's error callback (error_cb): client errors, e.g. a refused login or TLS handshake,
+/// which librdkafka reports only here, and keeps retrying. Same threads, and the same rule
+/// against panics, as `on_delivery`.
+///
+/// # Safety
+///
+/// Only librdkafka calls it, as the error_cb `BranchProducer::new` sets: `opaque` is then that
+/// producer's `Reports` (as for `on_delivery`), and `reason` is null or a NUL-terminated text that
+/// librdkafka keeps alive for the call.
 unsafe extern "C" fn on_error(_rk: *mut rd::rd_kafka_t, err: c_int, reason: *const c_char, opaque: *mut c_void) {
-    // librdkafka reports a refused login or TLS handshake only here, and keeps retrying.
-    let reports = &*(opaque as *const Reports);
-    let mut errors = reports.client_errors.lock().unwrap();
-    if errors.len() >= KEEP_FAILURES {
-        errors.remove(0);
-    }
+    // SAFETY: opaque is the producer's Reports, alive for the call (see # Safety); shared
+    // reference only, as in on_delivery.
+    let reports = unsafe { &*(opaque as *const Reports) };
     // The code as the int librdkafka passed: no conversion to the bindings' enum, which may not
     // list every code.
-    errors.push((text(err2name_raw(err)), text(reason)));
+    // SAFETY: reason is null or NUL-terminated and alive for the call (see # Safety); text copies it.
+    let entry = (code_name(err), unsafe { text(reason) });
+    let mut errors = lock(&reports.client_errors);
+    if errors.len() >= KEEP_FAILURES {
+        errors.remove(0); // not empty: KEEP_FAILURES > 0
+    }
+    errors.push(entry);
 }
 
+/// A producer's librdkafka handle.
 #[derive(Clone, Copy)]
 struct Client(*mut rd::rd_kafka_t);
+// SAFETY: librdkafka's API is thread-safe, so the handle may be used from any thread (two
+// transactional calls at once are refused by librdkafka with _CONFLICT, not raced). No copy is
+// used after the handle is destroyed: release and Drop take it out of the BranchProducer first,
+// which PyO3 allows only while no other method of it runs (even one that released the GIL), and
+// `destroy_new` only destroys a handle no BranchProducer holds yet.
 unsafe impl Send for Client {}
+// SAFETY: one raw pointer, and Copy: a `&Client` on another thread gives nothing more than a copy
+// sent there (Send, above).
 unsafe impl Sync for Client {}
 
 /// One branch's transactional producer. Executor side.
@@ -127,13 +174,24 @@ pub struct BranchProducer {
     reports: Arc<Reports>,
 }
 
+/// The (name, text) of an error object a transactional call returned, which it destroys; None
+/// for null (no error).
+///
+/// # Safety
+///
+/// `error` is null or an `rd_kafka_error_t` the caller owns (just returned by librdkafka) and
+/// does not use after: it is destroyed here.
 unsafe fn take_error(error: *mut rd::rd_kafka_error_t) -> Option<KafkaErr> {
     if error.is_null() {
         return None;
     }
-    let out = (text(rd::rd_kafka_error_name(error)), text(rd::rd_kafka_error_string(error)));
-    rd::rd_kafka_error_destroy(error);
-    Some(out)
+    // SAFETY: error is live and ours (the caller's contract). Its name and text live as long as it
+    // and are copied (text) before it is destroyed, once.
+    unsafe {
+        let out = (text(rd::rd_kafka_error_name(error)), text(rd::rd_kafka_error_string(error)));
+        rd::rd_kafka_error_destroy(error);
+        Some(out)
+    }
 }
 
 /// Key and value bytes of one Arrow column (binary or string, 32- or 64-bit offsets).
@@ -149,14 +207,21 @@ impl ByteColumn {
         let array = pair.get_item(1)?;
         let schema = schema.cast::<PyCapsule>()?;
         let array = array.cast::<PyCapsule>()?;
+        let schema_ptr = schema.pointer_checked(Some(c"arrow_schema"))?.as_ptr() as *const FFI_ArrowSchema;
+        let array_ptr = array.pointer_checked(Some(c"arrow_array"))?.as_ptr() as *mut FFI_ArrowArray;
+        // SAFETY: by the Arrow PyCapsule protocol, capsules named "arrow_schema" and "arrow_array"
+        // (checked above) hold an ArrowSchema and an ArrowArray of the C data interface, not yet
+        // released, that describe each other; we trust the object's __arrow_c_array__ (pyarrow's,
+        // from the sink) to keep to it, as pyarrow itself does: the data is not validated. Both
+        // capsules are alive (bound here) and fresh from the call, so no other Python code runs
+        // between getting the pointers and using them. from_raw moves the array out (the capsule's
+        // release becomes a no-op) and the imported data owns it from then on; the schema is only
+        // read, and the capsule releases it.
         let data = unsafe {
-            let schema_ptr = schema.pointer_checked(Some(c"arrow_schema"))?.as_ptr() as *const FFI_ArrowSchema;
-            let array_ptr = array.pointer_checked(Some(c"arrow_array"))?.as_ptr() as *mut FFI_ArrowArray;
-            // Moves the array out of its capsule (the capsule's release becomes a no-op).
             let ffi = FFI_ArrowArray::from_raw(array_ptr);
             arrow_array::ffi::from_ffi(ffi, &*schema_ptr)
-                .map_err(|e| NativeKafkaError::new_err(format!("{what}: Arrow import failed: {e}")))?
-        };
+        }
+        .map_err(|e| NativeKafkaError::new_err(format!("{what}: Arrow import failed: {e}")))?;
         let array = make_array(data);
         match array.data_type() {
             DataType::Binary | DataType::LargeBinary | DataType::Utf8 | DataType::LargeUtf8 => Ok(ByteColumn::Binary(array)),
@@ -212,39 +277,46 @@ impl BranchProducer {
         let token_provider = token_provider.as_ref().map(TokenProvider::new).transpose()?;
         let with_tokens = token_provider.is_some();
         let reports = Arc::new(Reports { token_provider, ..Reports::default() });
+        let conf = new_conf(&settings)?;
+        // SAFETY: conf is live and ours (new_conf). Its opaque is the Reports: the Arc keeps it at
+        // one address, and the producer owns the Arc (`reports`) until after rd_kafka_destroy
+        // (release, Drop; or the failure path below, before the Arc is dropped), so the callbacks,
+        // which read it as a `Reports`, never outlive it. The callbacks have librdkafka's
+        // signatures (checked by the bindings' types); `configure::<Reports>` matches the type the
+        // opaque points at.
         unsafe {
-            let conf = new_conf(&settings)?;
-            let mut errbuf = [0 as c_char; 512];
             rd::rd_kafka_conf_set_opaque(conf, Arc::as_ptr(&reports) as *mut c_void);
             rd::rd_kafka_conf_set_dr_msg_cb(conf, Some(on_delivery));
             rd::rd_kafka_conf_set_error_cb(conf, Some(on_error));
             if with_tokens {
-                // SAFETY: conf is live; its opaque is the Reports, which the producer keeps until
-                // after rd_kafka_destroy (release, Drop).
                 oauth::configure::<Reports>(conf);
             }
-            let rk = rd::rd_kafka_new(rd::rd_kafka_type_t::RD_KAFKA_PRODUCER, conf, errbuf.as_mut_ptr(), errbuf.len());
-            if rk.is_null() {
-                rd::rd_kafka_conf_destroy(conf);
-                return Err(NativeKafkaError::new_err(format!("creating the producer failed: {}", text(errbuf.as_ptr()))));
-            }
-            if with_tokens {
-                // SAFETY: rk was just created from a conf prepared by oauth::configure.
-                if let Err(e) = oauth::serve_in_background(rk) {
-                    let c = Client(rk);
-                    // Without the GIL: a refresh already under way waits for it.
-                    py.detach(move || {
-                        let c = c;
-                        // SAFETY: rk is live and not shared yet; destroyed once.
-                        rd::rd_kafka_destroy(c.0)
-                    });
-                    return Err(NativeKafkaError::new_err(format!(
-                        "a token_provider needs security.protocol SASL_PLAINTEXT or SASL_SSL and sasl.mechanism OAUTHBEARER: {e}"
-                    )));
-                }
-            }
-            Ok(BranchProducer { client: Some(Client(rk)), reports })
         }
+        let mut errbuf = [0 as c_char; 512];
+        // SAFETY: conf is live and ours; errbuf is writable for errbuf.len() bytes. On success the
+        // handle takes the conf (rd_kafka_new frees it); on failure it stays ours.
+        let rk = unsafe { rd::rd_kafka_new(rd::rd_kafka_type_t::RD_KAFKA_PRODUCER, conf, errbuf.as_mut_ptr(), errbuf.len()) };
+        if rk.is_null() {
+            // SAFETY: rd_kafka_new failed, so conf is still ours: destroyed once, not used after;
+            // errbuf holds librdkafka's NUL-terminated text (zeroed before, never unterminated).
+            let reason = unsafe {
+                rd::rd_kafka_conf_destroy(conf);
+                text(errbuf.as_ptr())
+            };
+            return Err(NativeKafkaError::new_err(format!("creating the producer failed: {reason}")));
+        }
+        if with_tokens {
+            // SAFETY: rk is live, created from a conf prepared by oauth::configure.
+            if let Err(e) = unsafe { oauth::serve_in_background(rk) } {
+                // SAFETY: rk is live and known to nothing else yet; destroyed once, here, before
+                // the Reports its opaque points at is dropped (on return).
+                unsafe { destroy_new(py, rk) };
+                return Err(NativeKafkaError::new_err(format!(
+                    "a token_provider needs security.protocol SASL_PLAINTEXT or SASL_SSL and sasl.mechanism OAUTHBEARER: {e}"
+                )));
+            }
+        }
+        Ok(BranchProducer { client: Some(Client(rk)), reports })
     }
 
     /// Fences older producers of the transactional.id and aborts their open transaction.
@@ -252,12 +324,16 @@ impl BranchProducer {
         let c = self.client()?;
         Ok(py.detach(move || {
             let c = c;
+            // SAFETY: c.0 is live (this call holds `&self`, which keeps release and Drop out); the
+            // error object returned is ours, for take_error to destroy.
             unsafe { take_error(rd::rd_kafka_init_transactions(c.0, timeout_ms)) }
         }))
     }
 
     fn begin_transaction(&self) -> PyResult<Option<KafkaErr>> {
         let c = self.client()?;
+        // SAFETY: c.0 is live (this call holds `&self`); the error object returned is ours, for
+        // take_error to destroy.
         Ok(unsafe { take_error(rd::rd_kafka_begin_transaction(c.0)) })
     }
 
@@ -265,6 +341,8 @@ impl BranchProducer {
         let c = self.client()?;
         Ok(py.detach(move || {
             let c = c;
+            // SAFETY: c.0 is live (this call holds `&self`); the error object returned is ours,
+            // for take_error to destroy.
             unsafe { take_error(rd::rd_kafka_abort_transaction(c.0, timeout_ms)) }
         }))
     }
@@ -292,6 +370,16 @@ impl BranchProducer {
         loop {
             let (vptr, vlen) = ptr_len(value);
             let (kptr, klen) = ptr_len(key);
+            // SAFETY: c.0 is live (this call holds `&self`). The header list is ours: never null
+            // (librdkafka aborts when out of memory), its names (NUL-terminated CStrings in
+            // `names`, one per header) and values (copied; a null value with size 0) are copied
+            // into it. producev gets each argument with the C type its tag's RD_KAFKA_V_* macro
+            // gives (topic: const char *, partition: int32_t, value: void * + size_t, key:
+            // const void * + size_t, flags: int, headers: rd_kafka_headers_t *, opaque: void *),
+            // ended by RD_KAFKA_VTYPE_END; ctopic, value and key outlive the call and are copied
+            // (RD_KAFKA_MSG_F_COPY; the topic always). On success the message takes the header list;
+            // on failure it stays ours and is destroyed here, once. The per-message opaque is an
+            // integer, never dereferenced (on_delivery reads it back as one).
             let err = unsafe {
                 let hdrs = match &headers {
                     Some(hs) if !hs.is_empty() => {
@@ -327,6 +415,8 @@ impl BranchProducer {
                     // Local queue full: serve delivery reports until there is room. Bounded memory.
                     py.detach(move || {
                         let c = c;
+                        // SAFETY: c.0 is live (this call holds `&self`); the callbacks poll may
+                        // run find the Reports alive (the producer holds it).
                         unsafe { rd::rd_kafka_poll(c.0, QUEUE_FULL_WAIT_MS) }
                     });
                 }
@@ -356,10 +446,15 @@ impl BranchProducer {
                 return Err(NativeKafkaError::new_err(format!("{} keys for {} values", k.len(), values.len())));
             }
         }
+        // c.0 is live through the closure: this call holds `&self`, which keeps release and Drop
+        // out; the callbacks poll runs find the Reports alive (the producer holds it).
         Ok(py.detach(move || {
             let c = c;
+            // SAFETY: c.0 is live (above); ctopic outlives the call (copied); a null topic conf
+            // means the default. A topic handle returned is ours: destroyed once, at the end.
             let rkt = unsafe { rd::rd_kafka_topic_new(c.0, ctopic.as_ptr(), ptr::null_mut()) };
             if rkt.is_null() {
+                // SAFETY: no precondition: this thread's last error, set by the failed call above.
                 let err = unsafe { rd::rd_kafka_last_error() };
                 return (0, Some((err_name(err), err_text(err))));
             }
@@ -368,18 +463,25 @@ impl BranchProducer {
             while done < values.len() {
                 let (vptr, vlen) = ptr_len(values.get(done));
                 let (kptr, klen) = ptr_len(keys.as_ref().and_then(|k| k.get(done)));
+                // SAFETY: rkt is our live topic handle; the value and key point into the Arrow
+                // buffers of `values`/`keys` (vlen/klen bytes, or null and 0), alive in this
+                // closure, and are copied (RD_KAFKA_MSG_F_COPY); partition -1 is
+                // RD_KAFKA_PARTITION_UA; the per-message opaque is an integer, never dereferenced.
                 let rc = unsafe {
                     rd::rd_kafka_produce(rkt, -1, rd::RD_KAFKA_MSG_F_COPY as c_int, vptr as *mut c_void, vlen, kptr, klen,
                                          opaque(first_index + done as u64))
                 };
                 if rc == 0 {
                     done += 1;
-                    if done % 1000 == 0 {
+                    if done.is_multiple_of(1000) {
+                        // SAFETY: c.0 is live (above).
                         unsafe { rd::rd_kafka_poll(c.0, 0) };
                     }
                     continue;
                 }
+                // SAFETY: no precondition: this thread's last error, set by the failed produce.
                 match unsafe { rd::rd_kafka_last_error() } {
+                    // SAFETY: c.0 is live (above).
                     rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__QUEUE_FULL => unsafe {
                         rd::rd_kafka_poll(c.0, QUEUE_FULL_WAIT_MS); // local queue full: bounded memory
                     },
@@ -389,6 +491,7 @@ impl BranchProducer {
                     }
                 }
             }
+            // SAFETY: c.0 is live (above); rkt is ours, destroyed once, here, and not used after.
             unsafe {
                 rd::rd_kafka_poll(c.0, 0);
                 rd::rd_kafka_topic_destroy(rkt);
@@ -402,6 +505,8 @@ impl BranchProducer {
         let c = self.client()?;
         py.detach(move || {
             let c = c;
+            // SAFETY: c.0 is live (this call holds `&self`); the callbacks poll runs find the
+            // Reports alive (the producer holds it).
             unsafe { rd::rd_kafka_poll(c.0, timeout_ms) };
         });
         Ok(())
@@ -412,6 +517,8 @@ impl BranchProducer {
         let c = self.client()?;
         Ok(py.detach(move || {
             let c = c;
+            // SAFETY: c.0 is live (this call holds `&self`); the callbacks flush runs find the
+            // Reports alive (the producer holds it).
             unsafe {
                 rd::rd_kafka_flush(c.0, timeout_ms);
                 rd::rd_kafka_outq_len(c.0)
@@ -422,15 +529,15 @@ impl BranchProducer {
     /// (failed records, records dropped with a failed transaction, client errors), as reported so far.
     fn reports(&self) -> (Vec<Failure>, u64, Vec<KafkaErr>) {
         (
-            self.reports.failures.lock().unwrap().clone(),
+            lock(&self.reports.failures).clone(),
             self.reports.purged.load(Ordering::Relaxed),
-            self.reports.client_errors.lock().unwrap().clone(),
+            lock(&self.reports.client_errors).clone(),
         )
     }
 
     /// (how many records failed, the largest of them), as reported so far. Cheap: no copy of the list.
     fn failed(&self) -> (u64, Option<Failure>) {
-        (self.reports.failed.load(Ordering::Relaxed), self.reports.largest.lock().unwrap().clone())
+        (self.reports.failed.load(Ordering::Relaxed), lock(&self.reports.largest).clone())
     }
 
     /// True once a record failed or was dropped with a failed transaction: the transaction can no
@@ -445,6 +552,9 @@ impl BranchProducer {
         if let Some(c) = self.client.take() {
             py.detach(move || {
                 let c = c;
+                // SAFETY: taken out of self under `&mut self`: no other copy is in use, and later
+                // calls find the producer released, so it is destroyed once. The Reports the
+                // callbacks read stays (self.reports) until after.
                 unsafe { rd::rd_kafka_destroy(c.0) }
             });
         }
@@ -461,7 +571,8 @@ impl Drop for BranchProducer {
             Python::attach(|py| {
                 py.detach(move || {
                     let c = c;
-                    // SAFETY: the handle is live and taken out of self: destroyed once.
+                    // SAFETY: the handle is live and taken out of self in its Drop: nothing else can
+                    // use it; destroyed once, before the fields (the Reports) go.
                     unsafe { rd::rd_kafka_destroy(c.0) }
                 })
             });

@@ -239,3 +239,9 @@ def test_oauthbearer_without_a_provider_is_as_before() -> None:
     finally:
         producer.release()
     assert any("sasl.oauthbearer.config" in text for _, text in errors)
+
+
+def test_a_consumer_without_a_group_id_is_an_error_not_a_crash() -> None:
+    # librdkafka gives a consumer without group.id no consumer queue; closing it used to dereference null.
+    with pytest.raises(NativeKafkaError, match=r"group\.id"):
+        RangeConsumer([("bootstrap.servers", "127.0.0.1:1")])
