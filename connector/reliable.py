@@ -32,9 +32,9 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
 from lastagent import group_rules
 from lastagent.errors import LastAgentError, OptionError
+from lastagent.refusals import REFUSED_REASON, REFUSED_RULE
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import DataFrame
 
 #: The WS-Reliability fields a message carries, in the names of the specification; the default
@@ -42,9 +42,6 @@ if TYPE_CHECKING:
 FIELDS = ("GroupId", "SequenceNumber", "Status", "ExpiryTime", "GroupExpiryTime", "GroupMaxIdleDuration",
           "Ordered")
 
-#: The output columns a sink reads: the rule that refused a message and why (null: delivered).
-REFUSED_RULE = "_lastagent_refused_rule"
-REFUSED_REASON = "_lastagent_refused_reason"
 _OUTCOME = "_lastagent_outcome"
 _KEY = "_lastagent_group"
 _CLOCK = "_lastagent_clock"  # the same, a day later, as the watermark's event time
@@ -800,36 +797,3 @@ class _BucketProcessor(StatefulProcessor):
 
     def close(self) -> None:
         pass
-
-
-# -- for the sinks (executor) ------------------------------------------------------------------------
-
-
-def split_refused(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, list[tuple[dict[str, Any], str, str]]]:
-    """A batch without the refusal columns, and its refused rows with their rule and reason.
-
-    A batch without the columns comes back as it is. Executor side (the sinks' tasks).
-    """
-    import pyarrow.compute as pc
-
-    names = batch.schema.names
-    if REFUSED_RULE not in names:
-        return batch, []
-    rule = batch.column(names.index(REFUSED_RULE))
-    keep = [i for i, n in enumerate(names) if n not in (REFUSED_RULE, REFUSED_REASON)]
-    base = batch.select(keep)
-    refused_mask = pc.is_valid(rule)
-    if not pc.any(refused_mask).as_py():
-        return base, []
-    reasons = (batch.column(names.index(REFUSED_REASON)).to_pylist() if REFUSED_REASON in names
-               else [None] * batch.num_rows)
-    refused = [(row, r, reasons[i] or r) for i, (row, r) in
-               enumerate(zip(base.to_pylist(), rule.to_pylist())) if r is not None]
-    return base.filter(pc.invert(refused_mask)), refused
-
-
-def strip_refusal_columns(schema_json: str) -> str:
-    """A Spark schema's JSON without the refusal columns (the sink's table never has them). Driver."""
-    schema = json.loads(schema_json)
-    schema["fields"] = [f for f in schema["fields"] if f["name"] not in (REFUSED_RULE, REFUSED_REASON)]
-    return json.dumps(schema)

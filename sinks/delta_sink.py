@@ -34,7 +34,7 @@ from pyspark.sql.types import StructType
 
 from lastagent import faults, protocol
 from lastagent.kafka_xa import BranchHandle, BranchWriter, RecordTooLarge, TransactionFailed
-from lastagent.reliable import split_refused, strip_refusal_columns
+from lastagent.refusals import split_refused, strip_refusal_columns
 from lastagent.sinks import dead_letters, transformer
 from lastagent.sinks.delta_commit import StagedEpoch, TargetTableStore, schema_diff, schema_error
 from lastagent.sinks.delta_features import TableRules

@@ -3,6 +3,7 @@ the sinks' split of refused rows. No Spark session, no I/O."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pyarrow as pa
@@ -10,6 +11,7 @@ import pytest
 
 from lastagent import group_rules
 from lastagent.errors import OptionError
+from lastagent.refusals import split_refused, strip_refusal_columns
 from lastagent.reliable import (
     FIELDS,
     REFUSED_REASON,
@@ -18,8 +20,6 @@ from lastagent.reliable import (
     message,
     parse_duration,
     parse_time,
-    split_refused,
-    strip_refusal_columns,
 )
 
 pytestmark = pytest.mark.unit
@@ -159,7 +159,7 @@ def test_refused_rows_are_split_off_without_their_columns():
 def test_the_tables_schema_never_has_the_refusal_columns():
     schema = ('{"type":"struct","fields":[{"name":"value","type":"binary","nullable":true,"metadata":{}},'
               f'{{"name":"{REFUSED_RULE}","type":"string","nullable":true,"metadata":{{}}}}]}}')
-    assert [f["name"] for f in __import__("json").loads(strip_refusal_columns(schema))["fields"]] == ["value"]
+    assert [f["name"] for f in json.loads(strip_refusal_columns(schema))["fields"]] == ["value"]
 
 
 @pytest.mark.parametrize("batch_time", [-1, 0, None])
