@@ -227,13 +227,18 @@ def _read_pid(workdir: Path) -> int | None:
     return pidfile.read_pid(workdir / "broker.pid")
 
 
-def _tls():
-    """dev/tls.py, loaded by path: this file runs as a script and is imported from tests alike."""
-    spec = importlib.util.spec_from_file_location("lastagent_dev_tls", Path(__file__).with_name("tls.py"))
+def _sibling(name: str):
+    """dev/<name>.py, loaded by path: this file runs as a script and is imported from tests alike."""
+    spec = importlib.util.spec_from_file_location(f"lastagent_dev_{name}", Path(__file__).with_name(f"{name}.py"))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _tls():
+    """dev/tls.py: the secured broker's PKI."""
+    return _sibling("tls")
 
 
 def pki_dir(workdir: Path) -> Path:
@@ -247,12 +252,8 @@ def secured_pki(workdir: Path) -> dict[str, Path]:
 
 
 def _oidc():
-    """dev/oidc.py, loaded by path like dev/tls.py."""
-    spec = importlib.util.spec_from_file_location("lastagent_dev_oidc", Path(__file__).with_name("oidc.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """dev/oidc.py: the OAuth signing key, JWKS and token endpoint."""
+    return _sibling("oidc")
 
 
 def oidc_dir(workdir: Path) -> Path:
