@@ -35,6 +35,9 @@ RETRIABLE_NAMES = frozenset({
     "NOT_LEADER_OR_FOLLOWER", "NOT_LEADER_FOR_PARTITION", "NOT_ENOUGH_REPLICAS", "NOT_ENOUGH_REPLICAS_AFTER_APPEND",
     "REQUEST_TIMED_OUT", "NETWORK_EXCEPTION", "BROKER_NOT_AVAILABLE", "UNKNOWN_LEADER_EPOCH", "FENCED_LEADER_EPOCH",
     "NOT_CONTROLLER", "KAFKA_STORAGE_ERROR", "REPLICA_NOT_AVAILABLE", "CONCURRENT_TRANSACTIONS",
+    # A new partition leader answers ListOffsets so until its high watermark caught up (KIP-207; seen in a
+    # rolling restart); a group's offsets while a transactional commit to them is pending.
+    "OFFSET_NOT_AVAILABLE", "UNSTABLE_OFFSET_COMMIT",
     # librdkafka's local names for the same conditions
     "_TRANSPORT", "_ALL_BROKERS_DOWN", "_TIMED_OUT", "_WAIT_COORD", "_LEADER_NOT_AVAILABLE", "_NODE_UPDATE",
     "_DESTROY_BROKER",

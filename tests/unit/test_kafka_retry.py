@@ -20,6 +20,7 @@ pytestmark = pytest.mark.unit
     ConnectionResetError(104, "Connection reset by peer"), KafkaProtocolError("EndTxn answered NOT_COORDINATOR", retriable=True),
     KafkaException(KafkaError(KafkaError._TRANSPORT)), KafkaException(KafkaError(KafkaError._ALL_BROKERS_DOWN)),
     KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION)), KafkaException(KafkaError(KafkaError.NOT_ENOUGH_REPLICAS)),
+    KafkaException(KafkaError(KafkaError.OFFSET_NOT_AVAILABLE)),  # a new leader's high watermark (rolling restart)
 ], ids=lambda e: type(e).__name__ + (f"-{e.args[0].name()}" if isinstance(e, KafkaException) else ""))
 def test_a_broker_away_or_a_coordinator_moving_is_retried(exc: BaseException) -> None:
     assert is_retriable(exc)
