@@ -1,8 +1,9 @@
 """A replicated Kafka cluster on 127.0.0.1 (``dev/kafka_broker.py``'s :class:`Cluster`): three KRaft
 nodes, each broker and controller, replication factor 3 everywhere, ``min.insync.replicas=2``.
 
-One cluster per session, on six free ports in a row; the tests stop, kill and restart its nodes and
-leave every node running and in sync when they end (:func:`in_sync`).
+One cluster per session, on six free ports in a row; the tests stop, kill and restart its nodes. Each
+test starts on the whole cluster, running and in sync (:func:`whole_cluster`), even when the test before
+failed half-way through a fault and left a node down.
 """
 
 from __future__ import annotations
@@ -23,6 +24,13 @@ def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kafka_br
         yield cluster
     finally:
         cluster.down()
+
+
+@pytest.fixture(autouse=True)
+def whole_cluster(kafka_cluster: kafka_broker.Cluster) -> None:
+    """Starts any node a failed test left down, and waits until every partition is in sync."""
+    kafka_cluster.up()
+    in_sync(kafka_cluster)
 
 
 @pytest.fixture
