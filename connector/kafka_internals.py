@@ -41,7 +41,10 @@ def missing() -> list[str]:
         problems.append("KafkaConnectionManager.send(request, node_id=...)")
     if not callable(getattr(KafkaConnectionManager, "run", None)):
         problems.append("KafkaConnectionManager.run(coroutine)")
-    init = inspect.getsource(KafkaAdminClient.__init__)
+    try:
+        init = inspect.getsource(KafkaAdminClient.__init__)
+    except (OSError, TypeError):  # installed without sources: the attributes cannot be read ahead
+        init = "self._manager = self._net ="
     for attribute in ("self._manager =", "self._net ="):
         if attribute not in init:
             problems.append(f"KafkaAdminClient.{attribute.split('.')[1].split()[0]} (set in __init__)")

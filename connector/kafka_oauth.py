@@ -247,6 +247,19 @@ def load_provider(name: str) -> Callable[[], Any]:
     return target
 
 
+def check_login(oauth: OAuth | None) -> None:
+    """Fetches the login's first token, so that a refused client or a failing function stops the
+    query at start, naming the setting. Driver side, before a client is built: refused inside a
+    client's token callback, it would only show as a login that never finishes (or a closed
+    connection). Nothing to do without OAUTHBEARER.
+
+    Raises:
+        TokenError: no token could be had.
+    """
+    if oauth is not None:
+        tokens(oauth).current()
+
+
 _TOKENS: dict[OAuth, Tokens] = {}
 _TOKENS_LOCK = threading.Lock()
 

@@ -25,7 +25,7 @@ from kafka import errors as kafka_errors
 from kafka.admin import KafkaAdminClient
 from kafka.protocol.producer.transaction import EndTxnRequest
 
-from lastagent import kafka_internals
+from lastagent import kafka_internals, kafka_oauth
 from lastagent.errors import KafkaProtocolError
 from lastagent.kafka_config import LOGIN_HINT, KafkaConfig, access_hint
 from lastagent.kafka_retry import error_name, is_retriable, retried
@@ -100,11 +100,7 @@ class _Admin(KafkaAdminClient):
         self._closed = True  # close() before bootstrap succeeded must not find a missing attribute
         failures = _LoginFailures()
         logger = logging.getLogger("kafka.net.manager")
-        if config.security.oauth is not None:
-            # A token the endpoint refuses would only show as connections closed during the login.
-            from lastagent.kafka_oauth import tokens
-
-            tokens(config.security.oauth).current()
+        kafka_oauth.check_login(config.security.oauth)
         logger.addFilter(failures)
         try:
             super().__init__(**config.kafka_python(timeout_ms))

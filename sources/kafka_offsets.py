@@ -25,6 +25,7 @@ from typing import Any
 
 from lastagent.errors import DataLossError, KafkaProtocolError, OptionError
 from lastagent.kafka_config import access_hint, as_librdkafka_strings
+from lastagent.kafka_oauth import check_login
 from lastagent.kafka_retry import is_retriable, retried
 from lastagent.sources.kafka_source_options import KafkaSourceOptions
 
@@ -156,6 +157,7 @@ class OffsetReader:
         self._login_error: Any = None
         settings: dict[str, Any] = {k: v for k, v in config.items() if k not in _CONSUMER_ONLY}
         settings["error_cb"] = self._on_client_error
+        check_login(options.client_config.security.oauth)
         settings.update(options.client_config.oauth_cb())
         self.admin = AdminClient(settings)
 

@@ -22,7 +22,7 @@ from confluent_kafka import Producer
 from support import grant_all, link_acls, read_committed
 
 from lastagent.kafka_config import KafkaConfig
-from lastagent.kafka_oauth import claims
+from lastagent.kafka_oauth import TokenError, claims
 from lastagent.kafka_xa import BranchWriter, KafkaXAResource
 from lastagent.sources.kafka_offsets import OffsetReader
 from lastagent.sources.kafka_source_options import KafkaSourceOptions
@@ -109,6 +109,10 @@ def test_a_refused_client_secret_stops_the_query_at_start_naming_the_setting(sec
     assert "kafka.sasl.oauthbearer.token.endpoint.url) refused client 'carol': invalid_client" in text, text
     assert "(HTTP 401); check clientId and clientSecret (kafka.sasl.jaas.config)" in text, text
     assert "not-the-secret" not in text
+    # The source's driver side (confluent-kafka's admin client) says the same when it is built.
+    with pytest.raises(TokenError, match="refused client 'carol': invalid_client") as source_failed:
+        OffsetReader(KafkaSourceOptions.parse({**options, "subscribe": "never"}))
+    assert "not-the-secret" not in str(source_failed.value)
 
 
 # -- a token function (the AWS MSK IAM recipe), every client library ---------------------------------
