@@ -169,8 +169,15 @@ class ArbitrationStore(Protocol):
         """
         ...
 
-    def decide(self, record: ArbitrationRecord, generation: int) -> Decision:
+    def decide(self, record: ArbitrationRecord, generation: int, staged: Any = None) -> Decision:
         """Records the epoch unless already decided; returns the record that stands.
+
+        Args:
+            record: the decision.
+            generation: the run's; the record is written only while it is the link's.
+            staged: what the last agent commits in the same commit as the record (the
+                ``lastagent-delta`` target table's staged data files, dropped when another record
+                stands); None for a store that holds no data.
 
         Raises:
             StaleOwnerError: ``generation`` is no longer the link's (checked atomically with the commit).
@@ -412,6 +419,13 @@ def claim_on_delta(open_table: Callable[[], Any], where: str, link: str, owner: 
     return ownership
 
 
+def _holds_no_data(record: ArbitrationRecord, staged: Any) -> None:
+    """A store of records only: data to commit beside a record has nowhere to go (a wiring error)."""
+    if staged is not None:
+        raise ArbitrationError(f"link {record.link!r} epoch {record.epoch}: this arbitration store holds records "
+                               "only, not the data of a lastagent-delta sink")
+
+
 class InMemoryArbitrationStore:
     """The same interface, in memory; for unit tests and the model check."""
 
@@ -438,7 +452,8 @@ class InMemoryArbitrationStore:
     def empty_through(self, link: str) -> int:
         return -1  # claimed in memory: exists from the first claim
 
-    def decide(self, record: ArbitrationRecord, generation: int) -> Decision:
+    def decide(self, record: ArbitrationRecord, generation: int, staged: Any = None) -> Decision:
+        _holds_no_data(record, staged)
         with self._lock:
             current = self._owners.get(record.link)
             if current is None or current.generation != generation:
@@ -641,9 +656,10 @@ class DeltaArbitrationStore:
     def empty_through(self, link: str) -> int:
         return -1  # created by the first claim, before any decision
 
-    def decide(self, record: ArbitrationRecord, generation: int) -> Decision:
+    def decide(self, record: ArbitrationRecord, generation: int, staged: Any = None) -> Decision:
         from deltalake import CommitProperties, Transaction, write_deltalake
 
+        _holds_no_data(record, staged)
         if not record.decided_at_ms:
             record = replace(record, decided_at_ms=int(time.time() * 1000))
 

@@ -102,7 +102,7 @@ class Committer:
         rolls nothing back; it only commits the open branches that a kept decision names (and
         stops on a decided branch that is lost: :class:`DecidedBranchLostError`). The undecided
         branches of earlier runs are rolled back after the new run's claim, by its first epoch's
-        commit (:func:`lastagent.protocol.sweep`).
+        commit (:func:`lastagent.protocol.commit_epoch`).
 
         Args:
             owner: the Spark query id of the checkpoint; defaults to the one in ``checkpointLocation``.
@@ -125,7 +125,7 @@ class Committer:
     def claim_and_recover(self, owner: str | None = None) -> tuple[Ownership, int]:
         """Claims a new generation, then finishes everything earlier runs left. Driver.
 
-        What a run's claim plus its first epoch's sweep do in a query, in one call, for the admin
+        What a run's claim plus its first epoch's commit do in a query, in one call, for the admin
         command and tests: after the claim no earlier run can decide an epoch, so every open branch
         of earlier generations that no decision names is rolled back (presumed abort).
 
@@ -159,7 +159,7 @@ class Committer:
         actions = protocol.recover(
             self.checkpoint.committed_through(),
             {e: tuple(Branch.of(BranchHandle.from_json(b)) for b in r.branches) for e, r in decisions.items()},
-            [Branch.of(t) for t in open_now], committed=None, link=self.link, roll_back_undecided=roll_back_undecided)
+            [Branch.of(t) for t in open_now], roll_back_undecided=roll_back_undecided)
         if actions:
             log.warning("link %s: recovery at start (generation %d): %d branch(es) to commit, %d to roll back",
                         self.link, generation, sum(isinstance(a, CommitBranch) for a in actions),
@@ -212,8 +212,7 @@ class Committer:
             (open transaction, "commit" or "rollback", decided epoch or -1) per branch.
         """
         open_now = self._open()
-        decided = {Branch.of(BranchHandle.from_json(b)): r.epoch
-                   for r in self.store.records(self.link) for b in r.branches} if open_now else {}
+        decided = self._decided() if open_now else {}
         return [(t, "commit" if Branch.of(t) in decided else "rollback", decided.get(Branch.of(t), -1))
                 for t in open_now]
 
@@ -247,100 +246,52 @@ class Committer:
     # -- epoch --------------------------------------------------------------------------------
 
     def commit(self, epoch: int, generation: int, handles: Sequence[BranchHandle],
-               data: Any = None) -> ArbitrationRecord:
+               staged: Any = None) -> ArbitrationRecord:
         """Decides the epoch (last agent), then commits its branches and rolls back the rest. Driver.
 
-        Carries out :func:`lastagent.protocol.decide_epoch` (``WriteDecision`` first; a decider
-        that lost the race follows the winner's record), then :func:`lastagent.protocol.sweep`.
+        Reads the situation once, before anything changes: the link's open branches of this run's
+        generation or earlier ones (one listing, with their start times), and the store's
+        decisions when something beyond the prepared branches is open. Then carries out
+        :func:`lastagent.protocol.commit_epoch`: the decision (or the refusal when a branch is gone
+        or too close to its timeout), phase 2 against the record that stands, and whatever failed
+        attempts and earlier runs left open.
+
         ``generation`` is the run's (its tasks carried it in their commit messages): the store
         writes the decision only while it is the link's, atomically with the commit, so a
-        superseded run stops here with nothing decided. ``data`` is what the last agent commits
-        beside the record (the ``lastagent-delta`` sink's staged data files); the store drops it
-        if another decision already stands.
-
-        Before the decision the broker is asked once whether every prepared branch is still open
-        with enough of its timeout left (:meth:`_refuse_unless_decidable`): a decision never names a
-        branch the broker may already have aborted. After the decision only the arbitration store
-        is needed; the broker is asked for the link's other open branches after the commits, so a
-        broker outage after the decision leaves a decided epoch that the next start completes.
+        superseded run stops here with nothing decided. ``staged`` is what the last agent commits
+        beside the record (the ``lastagent-delta`` sink's staged data files); the store drops it if
+        another decision already stands. A broker outage after the decision leaves a decided epoch
+        that the next start completes.
 
         Raises:
             EpochNotDecidedError: a branch was gone or too close to its timeout; nothing was
                 decided and the branches were rolled back.
             StaleOwnerError: a newer run owns the link; nothing was decided.
+            DecidedBranchLostError: a decided branch could not be committed.
         """
         live = [h for h in handles if not h.read_only]
-        known = {Branch.of(h): h for h in live}
-        self._refuse_unless_decidable(epoch, live, known)
-        actions = protocol.decide_epoch(epoch, None, [Branch.of(h) for h in live], [])
-        record, won = self._write_decision(actions, epoch, generation, known, data)
-        recorded = [Branch.of(BranchHandle.from_json(b)) for b in record.branches]
-        if not won:  # another decider won the epoch: follow the record that stands
-            actions = protocol.decide_epoch(epoch, recorded, [Branch.of(h) for h in live], [])
-        faults.point("after_arbitration")
-        self._carry_out([a for a in actions if not isinstance(a, WriteDecision)], known)
-        # What is still open of this run (or an earlier one) is failed or superseded attempts, or
-        # what earlier runs left (the first epoch after a run's claim).
+        prepared = [Branch.of(h) for h in live]
+        known = dict(zip(prepared, live))
         open_now = self._open(generation)
-        known.update((Branch.of(t), t.handle()) for t in open_now)
-        left = {Branch.of(t) for t in open_now} - set(recorded)
-        decided = {Branch.of(BranchHandle.from_json(b)): r.epoch
-                   for r in self.store.records(self.link) for b in r.branches} if left else None
-        self._carry_out(protocol.sweep(recorded, [Branch.of(t) for t in open_now], decided), known)
+        known.update((Branch.of(t), t.handle()) for t in open_now if Branch.of(t) not in known)
+        beyond = {Branch.of(t) for t in open_now} - set(prepared)
+        actions = protocol.commit_epoch(
+            epoch, prepared, {Branch.of(t): (t.started_ms, t.timeout_ms) for t in open_now},
+            self._decided() if beyond else {}, now_ms=self.now_ms(),
+            timeout_ms=self.options.transaction_timeout_ms, link=self.link)
+        record = self._carry_out(actions, known, generation, staged)
         faults.point("after_phase2")
         if epoch % self.options.cleanup_every == 0 and epoch > 0:
             removed = self.store.cleanup(self.link, self.options.retention_epochs)
             if removed:
                 log.info("link %s: cleaned up %d confirmed arbitration rows", self.link, removed)
+        if record is None:  # commit_epoch always starts with the epoch's decision or refusal
+            raise LastAgentError(f"link {self.link!r} epoch {epoch}: the rules named no decision")
         return record
 
-    def _refuse_unless_decidable(self, epoch: int, live: Sequence[BranchHandle],
-                                 known: dict[Branch, BranchHandle]) -> None:
-        """Before a decision: every prepared branch is still open on the broker, far enough from its timeout.
-
-        Otherwise the epoch is not decided (:func:`lastagent.protocol.refuse_epoch`): its branches
-        are rolled back and :class:`EpochNotDecidedError` stops the query, unless the epoch already
-        has a decision (another decider's), which stands and is followed as usual.
-
-        Raises:
-            EpochNotDecidedError: naming the branch, why, the epoch's duration and the timeout option.
-        """
-        if not live or self.xa is None:
-            return
-        prepared = [Branch.of(h) for h in live]
-        open_now = {Branch.of(t): (t.started_ms, t.timeout_ms) for t in self.xa.open_of(live)}
-        now_ms = self.now_ms()
-        timeout_ms = self.options.transaction_timeout_ms
-        unsafe = protocol.unsafe_branches(prepared, open_now, now_ms, protocol.decision_margin_ms(timeout_ms))
-        if not unsafe or self.store.get(self.link, epoch) is not None:
-            return
-        oldest = min((started for started, _ in open_now.values()), default=None)
-        log.warning("link %s epoch %d: %d of %d branch(es) may not be decided; rolling the epoch back", self.link,
-                    epoch, len(unsafe), len(prepared))
-        self._carry_out(protocol.refuse_epoch(epoch, prepared, unsafe, link=self.link, timeout_ms=timeout_ms,
-                                              running_ms=None if oldest is None else now_ms - oldest), known)
-
-    def _write_decision(self, actions: Sequence[protocol.Action], epoch: int, generation: int,
-                        known: dict[Branch, BranchHandle], data: Any) -> tuple[ArbitrationRecord, bool]:
-        """Carries out the ``WriteDecision`` action: the last agent's one-phase commit.
-
-        Returns:
-            The record that stands (ours, or a racing decider's; its branches join ``known``)
-            and whether it is ours.
-        """
-        write = next(a for a in actions if isinstance(a, WriteDecision))
-        record = ArbitrationRecord(
-            link=self.link, epoch=epoch, gxid=xid.gxid_text(self.link, epoch),
-            branches=tuple(known[b].to_json() for b in write.branches),
-            confirmed_through=epoch - 1,  # commit(epoch) runs only after epoch-1's phase 2
-        )
-        decision = (self.store.decide(record, generation, data) if data is not None  # type: ignore[call-arg]
-                    else self.store.decide(record, generation))
-        if not decision.won:
-            log.warning("link %s epoch %d was already decided; following that record (%d branches)",
-                        self.link, epoch, len(decision.record.branches))
-        known.update((Branch.of(h), h) for h in map(BranchHandle.from_json, decision.record.branches))
-        return decision.record, decision.won
+    def _decided(self) -> dict[Branch, int]:
+        """Branch → epoch, for the branches of every decision the store keeps."""
+        return {Branch.of(BranchHandle.from_json(b)): r.epoch for r in self.store.records(self.link) for b in r.branches}
 
     def abort(self, epoch: int, generation: int | None, handles: Sequence[BranchHandle]) -> None:
         """Spark gave up on the epoch. If it was decided, its record stands; else roll back. Driver.
@@ -368,20 +319,68 @@ class Committer:
             raise LastAgentError(f"link {self.link!r}: a Kafka branch to end, but the link has no Kafka options")
         return self.xa
 
-    def _carry_out(self, actions: Sequence[protocol.Action], handles: dict[Branch, BranchHandle]) -> None:
-        """Carries out branch actions: commits (in parallel), then rollbacks, then any failure."""
-        commits = [a for a in actions if isinstance(a, CommitBranch)]
+    def _carry_out(self, actions: Sequence[protocol.Action], known: dict[Branch, BranchHandle],
+                   generation: int | None = None, staged: Any = None) -> ArbitrationRecord | None:
+        """The interpreter: carries out the rules' actions in order, through the ports. Driver.
+
+        The decision first (``WriteDecision`` writes it, ``FollowDecision`` reads what stands),
+        which resolves ``FinishEpoch`` into commits and rollbacks; then every commit (in parallel),
+        then every rollback, then the stop, if any.
+
+        Returns:
+            The epoch's standing record, when the actions named a decision.
+        """
+        standing: ArbitrationRecord | None = None
+        refused: protocol.FollowDecision | None = None
+        commits: list[CommitBranch] = []
+        rollbacks: list[Branch] = []
+        for a in actions:
+            if isinstance(a, WriteDecision):
+                standing = self._write_decision(a, generation, known, staged)
+                faults.point("after_arbitration")
+            elif isinstance(a, protocol.FollowDecision):
+                standing = self.store.get(self.link, a.epoch)
+                if standing is None:
+                    refused = a
+                    log.warning("link %s epoch %d may not be decided; rolling the epoch back", self.link, a.epoch)
+                else:
+                    log.warning("link %s epoch %d was decided by another run; following that record", self.link,
+                                a.epoch)
+            elif isinstance(a, protocol.FinishEpoch):
+                recorded = [] if standing is None else list(map(BranchHandle.from_json, standing.branches))
+                known.update((Branch.of(h), h) for h in recorded)
+                commits += [CommitBranch(Branch.of(h), a.epoch) for h in recorded if not h.read_only]
+                named = {Branch.of(h) for h in recorded}
+                rollbacks += [b for b in a.others if b not in named]
+            elif isinstance(a, CommitBranch):
+                commits.append(a)
+            elif isinstance(a, RollbackBranch):
+                rollbacks.append(a.branch)
         if commits:
-            results = self._xa().end_all([handles[a.branch] for a in commits], commit=True,
-                                      parallelism=self.options.phase2_parallelism)
-            self._require_committed(results, {a.branch: a.epoch for a in commits})
-        rollbacks = [handles[a.branch] for a in actions if isinstance(a, RollbackBranch)]
+            results = self._xa().end_all([known[c.branch] for c in commits], commit=True,
+                                         parallelism=self.options.phase2_parallelism)
+            self._require_committed(results, {c.branch: c.epoch for c in commits})
         if rollbacks:
             log.info("link %s: rolling back %d branch(es) no decision covers", self.link, len(rollbacks))
-            self._xa().end_all(rollbacks, commit=False, parallelism=self.options.phase2_parallelism)
-        for a in actions:
-            if isinstance(a, protocol.Fail):
-                raise DecidedBranchLostError(a.reason) if a.decided else EpochNotDecidedError(a.reason)
+            self._xa().end_all([known[b] for b in rollbacks], commit=False, parallelism=self.options.phase2_parallelism)
+        if refused is not None:
+            raise EpochNotDecidedError(refused.reason)
+        return standing
+
+    def _write_decision(self, decision: WriteDecision, generation: int | None, known: dict[Branch, BranchHandle],
+                        staged: Any) -> ArbitrationRecord:
+        """The last agent's one-phase commit; returns the record that stands (ours, or a racing decider's)."""
+        if generation is None:
+            raise LastAgentError(f"link {self.link!r} epoch {decision.epoch}: a decision needs the run's generation")
+        record = ArbitrationRecord(
+            link=self.link, epoch=decision.epoch, gxid=xid.gxid_text(self.link, decision.epoch),
+            branches=tuple(known[b].to_json() for b in decision.branches),
+            confirmed_through=decision.confirmed_through)
+        outcome = self.store.decide(record, generation, staged)
+        if not outcome.won:
+            log.warning("link %s epoch %d was already decided; following that record (%d branches)",
+                        self.link, decision.epoch, len(outcome.record.branches))
+        return outcome.record
 
     def _require_committed(self, results: Sequence[EndResult], epoch_of: dict[Branch, int]) -> None:
         """Every decided branch ended committed, or its epoch's loss was accepted by an operator.

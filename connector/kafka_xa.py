@@ -501,10 +501,6 @@ class XAResource(Protocol):
         """"committed", "aborted", "open" or "unknown", from the broker, without side effects."""
         ...
 
-    def open_of(self, handles: Iterable[BranchHandle]) -> list[OpenTransaction]:
-        """The given branches the broker still holds open as their handles name them (with start and timeout)."""
-        ...
-
     def close(self) -> None:
         """Frees connections."""
         ...
@@ -683,30 +679,6 @@ class KafkaXAResource:
         desc = self._describe([handle.transactional_id], f"how branch {handle.transactional_id} ended")[
             handle.transactional_id]
         return self._ended_as(handle, desc.state.value, desc.producer_id, desc.producer_epoch)
-
-    def open_of(self, handles: Iterable[BranchHandle]) -> list[OpenTransaction]:
-        """The given branches that the broker still holds open as their handles name them. Driver.
-
-        One DescribeTransactions per coordinator, retried through broker loss. A branch missing from the answer is not open:
-        its transaction ended (committed, aborted, expired) or a newer producer of its id fenced it.
-
-        Raises:
-            KafkaProtocolError: the broker could not be asked within the deadline (nothing is decided).
-        """
-        wanted = [h for h in handles if not h.read_only]
-        ids = sorted({h.transactional_id for h in wanted})
-        if not ids:
-            return []
-        descs = self._describe(ids, f"the state of the epoch's {len(ids)} prepared branch(es) before deciding")
-        out = []
-        for h in wanted:
-            d = descs.get(h.transactional_id)
-            if d is None or self._ended_as(h, d.state.value, d.producer_id, d.producer_epoch) != "open":
-                continue
-            out.append(OpenTransaction(h.transactional_id, d.producer_id, d.producer_epoch, d.state.value,
-                                       d.transaction_start_time_ms, d.transaction_timeout_ms,
-                                       tuple(sorted((tp.topic, tp.partition) for tp in d.topic_partitions))))
-        return out
 
     def end_all(self, handles: Iterable[BranchHandle], commit: bool, parallelism: int = 8) -> list[EndResult]:
         """Ends many branches in parallel (phase 2), results in the order given."""

@@ -2,27 +2,32 @@
 
 Events in, actions out (in the manner of h11): the caller reads the arbitration store, the
 broker and Spark's checkpoint, passes what it found to a function here, and carries out the
-returned actions in order — :class:`WriteDecision` (the last agent's one-phase Delta commit),
+returned actions in order — :class:`WriteDecision` (the last agent's one-phase Delta commit) or
+:class:`FollowDecision`, :class:`FinishEpoch` (phase 2 against the record that stands),
 :class:`CommitBranch` / :class:`RollbackBranch` (``EndTxn`` commit / abort of one Kafka
-transaction) and :class:`Fail` (stop the query with the reason). Nothing here touches Kafka,
-Delta or Spark, so the model check in ``tests/unit/test_protocol_model.py`` can run these very
-functions against simulated crashes.
+transaction). Nothing here touches Kafka, Delta or Spark, so the model check in
+``tests/unit/test_protocol_model.py`` runs these very functions, through the real interpreter
+(:class:`lastagent.committer.Committer`), against simulated crashes.
 
-Carrying out actions:
+Carrying out actions, in the order given:
 
-* ``WriteDecision`` comes first when present. If the store answers that another decider won
-  the epoch, drop the remaining actions and call :func:`decide_epoch` again with the winner's
-  branches as ``recorded``.
+* ``WriteDecision`` (the last agent's one-phase commit) or ``FollowDecision`` (the epoch may
+  not be decided here) comes first. Either way the interpreter learns the epoch's *standing
+  record*: the store keeps the first record of an epoch, so a decider that lost a race gets the
+  winner's; ``FollowDecision`` reads any record another decider wrote.
+* ``FinishEpoch`` is phase 2 against the standing record: commit every branch it names, roll
+  back the others. With no standing record (a ``FollowDecision`` found none) nothing of the
+  epoch was decided: every branch is rolled back and the query stops with the reason.
 * ``CommitBranch`` actions may run in parallel, in any order. A branch already committed counts
   as done (``EndOutcome.COMMITTED``); a branch the broker ended otherwise (expired, fenced) is
   the expired-decided hazard: fail naming link, epoch and branch.
 * ``RollbackBranch`` actions may run in parallel, after the commits.
-* ``Fail`` actions come last: carry out everything before them, then stop the query.
+* Only then does the query stop, if it must (an undecided epoch, a lost decided branch).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,8 +38,9 @@ from typing import Any
 class Branch:
     """Identity of one branch: the Kafka transaction a task attempt left open.
 
-    The transactional id alone is not enough: a run reuses its ids across its epochs, so the producer id
-    and producer epoch of the open transaction tell one transaction of the id from the next.
+    The transactional id names the run, the task and the attempt, not the epoch; an id lives on
+    past its transaction (a retried EndTxn, a describe), so the producer id and producer epoch of
+    the open transaction tell this transaction of the id from any other.
     """
 
     transactional_id: str
@@ -50,10 +56,40 @@ class Branch:
 
 @dataclass(frozen=True)
 class WriteDecision:
-    """Make the last-agent commit: the arbitration record of ``epoch`` naming ``branches``."""
+    """Make the last-agent commit: the arbitration record of ``epoch`` naming ``branches``.
+
+    ``confirmed_through`` goes into the record: every epoch up to it finished phase 2 (the
+    decision of ``epoch`` is made only after ``epoch - 1``'s phase 2), so cleanup may drop them.
+    """
 
     epoch: int
     branches: tuple[Branch, ...]
+    confirmed_through: int = -1
+
+
+@dataclass(frozen=True)
+class FollowDecision:
+    """The epoch may not be decided here (``reason``, first about ``branch``): follow any standing record.
+
+    Another decider may have decided the epoch already; its record then stands and
+    :class:`FinishEpoch` completes it. Without one, nothing of the epoch was decided.
+    """
+
+    epoch: int
+    reason: str
+    branch: Branch | None = None
+
+
+@dataclass(frozen=True)
+class FinishEpoch:
+    """Phase 2 of ``epoch``: commit every branch of its standing record, roll back each of ``others`` it does not name.
+
+    With no standing record (after a :class:`FollowDecision` that found none) every one of
+    ``others`` is rolled back and the query stops with the FollowDecision's reason.
+    """
+
+    epoch: int
+    others: tuple[Branch, ...]
 
 
 @dataclass(frozen=True)
@@ -71,22 +107,7 @@ class RollbackBranch:
     branch: Branch
 
 
-@dataclass(frozen=True)
-class Fail:
-    """Stop the query: ``reason`` names link, epoch and branch and what to do.
-
-    ``decided`` tells the two cases apart: a branch of a *decided* epoch that can no longer be
-    committed (the expired-decided hazard), or an epoch that was *not* decided because one of its
-    branches could not be (nothing committed; a restart replays the epoch).
-    """
-
-    reason: str
-    epoch: int = -1
-    branch: Branch | None = None
-    decided: bool = True
-
-
-Action = WriteDecision | CommitBranch | RollbackBranch | Fail
+Action = WriteDecision | FollowDecision | FinishEpoch | CommitBranch | RollbackBranch
 
 
 def _unique(branches: Iterable[Branch]) -> list[Branch]:
@@ -104,29 +125,51 @@ def _finish(epoch: int, recorded: Sequence[Branch], others: Iterable[Branch]) ->
 # -- the epoch --------------------------------------------------------------------------------
 
 
-def decide_epoch(epoch: int, recorded: Sequence[Branch] | None, prepared: Sequence[Branch],
-                 open_branches: Sequence[Branch]) -> list[Action]:
-    """The sink's ``commit(messages, epoch)``: decide, then phase 2. Pure: no I/O, runs on the driver.
+def commit_epoch(epoch: int, prepared: Sequence[Branch], open_now: Mapping[Branch, tuple[int, int]],
+                 decided: Mapping[Branch, int], *, now_ms: int, timeout_ms: int, link: str = "") -> list[Action]:
+    """The sink's ``commit(messages, epoch)``: decide, phase 2, and what earlier attempts left. Pure, driver.
 
-    Precondition: :func:`recover` has completed since the query started, so no branch of an
-    older decided epoch is still open.
+    The whole situation at once, read before anything changes: what the tasks prepared, what the
+    broker holds open, what the store has decided. An epoch is decided only if the broker still
+    holds each prepared branch open with enough of its timeout left (:func:`unsafe_branches`): a
+    decision never names a branch the broker may already have aborted.
+
+    Precondition: this run holds the link (its tasks claimed it), so no earlier run can decide an
+    epoch any more, and every open branch of this run's generation or an earlier one that no
+    decision names is presumed aborted.
 
     Args:
         epoch: Spark's micro-batch id.
-        recorded: the branches of this epoch's arbitration record, or None when it has none.
         prepared: the branches the tasks reported (their commit messages; read-only tasks left out).
-        open_branches: every open transaction of the link, as the broker lists it.
+        open_now: every open transaction of the link of this run's generation or earlier ones (a
+            newer run's branches are that run's to end), as the broker lists it: (its start on the
+            broker's clock, its timeout), in ms.
+        decided: branch → epoch for the branches of every kept decision; may be left empty when
+            every open branch is a prepared one.
+        now_ms: the driver's clock.
+        timeout_ms: the link's ``kafka.transaction.timeout.ms``.
+        link: the link's name, for the reason of a refusal.
 
     Returns:
-        When a record exists it stands: CommitBranch for each recorded branch, then
-        RollbackBranch for every other prepared or open branch. Otherwise WriteDecision(epoch,
-        prepared), then CommitBranch for each prepared branch, then RollbackBranch for every
-        other open branch (failed, lost or superseded task attempts).
+        ``WriteDecision(epoch, prepared, epoch - 1)``, or ``FollowDecision`` naming why the epoch may
+        not be decided; then ``FinishEpoch`` with every other open branch no decision names (failed,
+        lost or superseded task attempts, and undecided branches of earlier runs); then
+        ``CommitBranch`` for each open branch an earlier decision names (an earlier run may have
+        decided after this run's start read the store).
     """
-    if recorded is not None:
-        return _finish(epoch, recorded, [*prepared, *open_branches])
     keep = tuple(_unique(prepared))
-    return [WriteDecision(epoch, keep), *_finish(epoch, keep, open_branches)]
+    unsafe = unsafe_branches(keep, open_now, now_ms, decision_margin_ms(timeout_ms))
+    first: Action
+    if unsafe:
+        started = [open_now[b][0] for b in keep if b in open_now]
+        running_ms = now_ms - min(started) if started else None
+        first = FollowDecision(epoch, _refusal(link, epoch, unsafe, running_ms, timeout_ms), next(iter(unsafe)))
+    else:
+        first = WriteDecision(epoch, keep, epoch - 1)
+    kept = set(keep)
+    others = [b for b in _unique(open_now) if b not in kept]
+    return [first, FinishEpoch(epoch, (*keep, *(b for b in others if b not in decided))),
+            *(CommitBranch(b, decided[b]) for b in others if b in decided)]
 
 
 def unsafe_branches(prepared: Sequence[Branch], open_now: Mapping[Branch, tuple[int, int]], now_ms: int,
@@ -181,62 +224,14 @@ def decision_margin_ms(timeout_ms: int) -> int:
     return min(timeout_ms // 4, MAX_DECISION_MARGIN_MS)
 
 
-def refuse_epoch(epoch: int, prepared: Sequence[Branch], unsafe: Mapping[Branch, str], *, link: str = "",
-                 running_ms: int | None = None, timeout_ms: int = 0) -> list[Action]:
-    """An epoch with a branch that may not be decided (:func:`unsafe_branches`): no decision. Pure, driver.
-
-    Presumed abort: with no record the epoch never happened, so every prepared branch is rolled
-    back and the query stops; Spark replays the epoch from the same offsets when it restarts.
-    Never write a decision that names a branch the broker may already have aborted: that would
-    record as committed records that are gone.
-
-    Args:
-        epoch: Spark's micro-batch id.
-        prepared: the branches the tasks reported.
-        unsafe: the branches that may not be decided, with why (non-empty).
-        link: the link's name, for the reason.
-        running_ms: how long the epoch's oldest open branch has been open, when known.
-        timeout_ms: the link's ``kafka.transaction.timeout.ms``.
-
-    Returns:
-        RollbackBranch for every prepared branch, then one ``Fail`` (``decided=False``).
-    """
-    first = next(iter(unsafe))
+def _refusal(link: str, epoch: int, unsafe: Mapping[Branch, str], running_ms: int | None, timeout_ms: int) -> str:
+    """Why an epoch was not decided, and what to do (:class:`FollowDecision`'s reason)."""
     why = "; ".join(f"branch {b.transactional_id} {reason}" for b, reason in unsafe.items())
     ran = f"; the epoch's oldest open branch has been open {running_ms / 1000:.1f} s" if running_ms else ""
-    reason = (f"link {link!r} epoch {epoch} was not decided: {why}{ran}. Nothing of the epoch was committed and its "
-              f"branches were rolled back; restart the query to replay it from the same offsets. An epoch must finish "
-              f"well inside kafka.transaction.timeout.ms (now {timeout_ms} ms): raise it (up to the broker's "
-              "transaction.max.timeout.ms), or make epochs shorter (maxOffsetsPerTrigger, more partitions)")
-    return [*(RollbackBranch(b) for b in _unique(prepared)), Fail(reason, epoch, first, decided=False)]
-
-
-def sweep(recorded: Sequence[Branch], open_branches: Sequence[Branch],
-          decided: Mapping[Branch, int] | None = None) -> list[Action]:
-    """After an epoch's phase 2: what is still open of this run (or an earlier one) and not in the
-    epoch's record. Pure: no I/O, runs on the driver.
-
-    A run's first epoch is where what earlier runs left is finished: the start only completes
-    decided branches (:func:`recover` with ``roll_back_undecided=False``), since an earlier run may
-    still be running until this run's claim. An earlier run may also have decided an epoch after
-    this run's start read the store, so an open branch of an earlier decision is committed here.
-
-    Args:
-        recorded: the branches of the epoch's record (committed by now).
-        open_branches: the link's open transactions of this run's generation or earlier ones (a
-            newer run's branches are that run's to end, and must not be passed here).
-        decided: branch → epoch, for the branches of every kept decision; needed only when an
-            open branch is not in ``recorded`` (None: read nothing, roll back every other branch).
-
-    Returns:
-        CommitBranch for every other open branch an earlier decision names, RollbackBranch for the
-        rest (failed or superseded task attempts, undecided branches of earlier runs).
-    """
-    kept = set(recorded)
-    decided = decided or {}
-    others = [b for b in _unique(open_branches) if b not in kept]
-    return [*(CommitBranch(b, decided[b]) for b in others if b in decided),
-            *(RollbackBranch(b) for b in others if b not in decided)]
+    return (f"link {link!r} epoch {epoch} was not decided: {why}{ran}. Nothing of the epoch was committed and its "
+            f"branches were rolled back; restart the query to replay it from the same offsets. An epoch must finish "
+            f"well inside kafka.transaction.timeout.ms (now {timeout_ms} ms): raise it (up to the broker's "
+            "transaction.max.timeout.ms), or make epochs shorter (maxOffsetsPerTrigger, more partitions)")
 
 
 def abort_epoch(epoch: int, recorded: Sequence[Branch] | None, open_branches: Sequence[Branch],
@@ -271,8 +266,7 @@ def skip_task(epoch: int, newest_decided_epoch: int) -> bool:
 
 
 def recover(spark_committed_through: int, decisions: Mapping[int, Sequence[Branch]],
-            open_branches: Sequence[Branch], committed: Collection[Branch] | None = None, *,
-            link: str = "", roll_back_undecided: bool = True) -> list[Action]:
+            open_branches: Sequence[Branch], *, roll_back_undecided: bool = True) -> list[Action]:
     """Recovery at query start (or from ``lastagent recover``). Pure: no I/O, runs on the driver.
 
     A sink's start calls it before every epoch's tasks with ``roll_back_undecided=False``;
@@ -284,23 +278,19 @@ def recover(spark_committed_through: int, decisions: Mapping[int, Sequence[Branc
             those epochs finished phase 2 before Spark logged it.
         decisions: epoch → branches of its arbitration record, for every record still kept.
         open_branches: every open transaction of the link, as the broker lists it.
-        committed: the recorded branches of epochs newer than ``spark_committed_through``
-            that the broker reports ended *committed* (a describe after a commit whose answer
-            was lost). None when the caller cannot tell: those branches are then committed
-            again, and an ``EndTxn`` that does not come back as committed is the hazard.
-        link: the link's name, for the reasons of Fail actions.
         roll_back_undecided: False at a sink's start, which runs before every epoch and cannot tell
             a new run from the running one: an undecided open branch may belong to an earlier run
             that still runs (until the new run's first tasks claim the link), so only decided
-            branches are finished, and :func:`sweep` rolls the rest back after the claim.
+            branches are finished, and the new run's first :func:`commit_epoch` rolls the rest back.
 
     Returns:
         CommitBranch for every open branch recorded in any decision (oldest epoch first);
         RollbackBranch for every other open branch (presumed abort; unless not
-        ``roll_back_undecided``); then, for each branch
-        recorded by a decision newer than ``spark_committed_through`` that is neither open nor
-        in ``committed``: Fail naming link, epoch and transactional id (the broker expired or
-        fenced a decided branch) — or, when ``committed`` is None, CommitBranch for it.
+        ``roll_back_undecided``); then CommitBranch for each branch recorded by a decision newer
+        than ``spark_committed_through`` that is not open: its phase 2 may not have been
+        confirmed, and committing it again is how the broker tells. A committed branch answers
+        committed; one the broker expired or fenced answers otherwise, which the interpreter
+        reports as the expired-decided hazard (:func:`lost_branch_reason`).
     """
     decided_in: dict[Branch, int] = {}
     for epoch in sorted(decisions):
@@ -312,16 +302,10 @@ def recover(spark_committed_through: int, decisions: Mapping[int, Sequence[Branc
                              for b in sorted((b for b in opened if b in decided_in), key=lambda b: decided_in[b])]
     if roll_back_undecided:
         actions += [RollbackBranch(b) for b in opened if b not in decided_in]
-    fails: list[Action] = []
     for epoch in sorted(e for e in decisions if e > spark_committed_through):
-        for b in _unique(decisions[epoch]):
-            if b in open_set or decided_in[b] != epoch:
-                continue
-            if committed is None:
-                actions.append(CommitBranch(b, epoch))
-            elif b not in committed:
-                fails.append(Fail(lost_branch_reason(link, epoch, b), epoch, b))
-    return actions + fails
+        actions += [CommitBranch(b, epoch) for b in _unique(decisions[epoch])
+                    if b not in open_set and decided_in[b] == epoch]
+    return actions
 
 
 def lost_branch_reason(link: str, epoch: int, branch: Branch, detail: str = "") -> str:

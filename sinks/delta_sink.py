@@ -467,7 +467,7 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
         store = self._store()
         with Committer(self.options, store=store) as committer:
             try:
-                committer.commit(batchId, generation, _handles(msgs), data=staged)
+                committer.commit(batchId, generation, _handles(msgs), staged=staged)
             except EpochNotDecidedError:
                 store.discard(staged)  # no decision names these files; the replayed epoch writes its own
                 raise

@@ -42,7 +42,7 @@ from lastagent import protocol, xid
 from lastagent.arbitration import ArbitrationRecord, Decision, Ownership, StaleOwnerError, next_ownership
 from lastagent.committer import Committer, DecidedBranchLostError, EpochNotDecidedError
 from lastagent.kafka_xa import BranchHandle, EndOutcome, EndResult, OpenTransaction
-from lastagent.protocol import Branch, CommitBranch, Fail, RollbackBranch, WriteDecision
+from lastagent.protocol import Branch, CommitBranch, FinishEpoch, FollowDecision, RollbackBranch, WriteDecision
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 from lastagent.sinks.query_run import Started, shipped, task_generation
 
@@ -66,7 +66,7 @@ class Crash(Exception):
 
 
 class QueryFailed(Exception):
-    """The driver stopped the query on purpose (a Fail action, a decided branch not committed)."""
+    """The driver stopped the query on purpose (an epoch not decided, a decided branch not committed)."""
 
 
 class TaskDied(Exception):
@@ -221,9 +221,8 @@ class Rules:
     """The protocol functions and the interpreter the query uses; mutants replace one of them."""
 
     recover: Callable = protocol.recover
-    decide_epoch: Callable = protocol.decide_epoch
+    commit_epoch: Callable = protocol.commit_epoch
     abort_epoch: Callable = protocol.abort_epoch
-    sweep: Callable = protocol.sweep
     skip_task: Callable = protocol.skip_task
     task_generation: Callable = task_generation
     committer: type = Committer
@@ -231,7 +230,7 @@ class Rules:
     @contextlib.contextmanager
     def installed(self):
         """The rules in force in ``lastagent.protocol`` (where the Committer looks them up)."""
-        saved = {name: getattr(protocol, name) for name in ("recover", "decide_epoch", "abort_epoch", "sweep")}
+        saved = {name: getattr(protocol, name) for name in ("recover", "commit_epoch", "abort_epoch")}
         for name in saved:
             setattr(protocol, name, getattr(self, name))
         try:
@@ -283,16 +282,13 @@ class ModelXA:
         return [results[i] for i in range(len(handles))]
 
     def recover(self, prefix: str) -> list[OpenTransaction]:
+        # A listing changes nothing (no crash point) but takes time, as the broker's round trips do.
+        self.w.broker.tick(MS_PER_STEP)
         return [self._described(b) for b in self.w.broker.list_open(prefix)]
 
     def _described(self, b: Branch) -> OpenTransaction:
         return OpenTransaction(b.transactional_id, b.producer_id, b.producer_epoch, "Ongoing",
                                self.w.broker.open[b.transactional_id].started_ms, TIMEOUT_MS)
-
-    def open_of(self, handles) -> list[OpenTransaction]:
-        self.w.step("describe prepared")
-        open_now = set(self.w.broker.list_open(PREFIX))
-        return [self._described(Branch.of(h)) for h in handles if Branch.of(h) in open_now]
 
     def how_ended(self, handle: BranchHandle) -> str:
         return "unknown"
@@ -321,7 +317,8 @@ class ModelStore:
     def ownership(self, link: str) -> Ownership | None:
         return self.w.arb.owner
 
-    def decide(self, record: ArbitrationRecord, generation: int) -> Decision:
+    def decide(self, record: ArbitrationRecord, generation: int, staged=None) -> Decision:
+        assert staged is None, "the model's links write no Delta data"
         self.w.step(f"decide e{record.epoch}")
         if self.w.arb.owner is None or self.w.arb.owner.generation != generation:
             raise StaleOwnerError(f"generation {generation} superseded")
@@ -700,79 +697,75 @@ def test_a_slow_task_leaves_its_epoch_undecided_and_the_restart_replays_it(name)
 # -- mutants: the checker must catch broken rules ------------------------------------------------------
 
 #: The real rules, for mutants to wrap (while a mutant is installed, ``protocol.*`` is the mutant).
-_RECOVER, _DECIDE_EPOCH, _SWEEP = protocol.recover, protocol.decide_epoch, protocol.sweep
+_RECOVER, _COMMIT_EPOCH = protocol.recover, protocol.commit_epoch
 
 
-def _recover_rolls_back_decided(sct, decisions, open_branches, committed=None, *, link="", **_):
+def _recover_rolls_back_decided(sct, decisions, open_branches, **_):
     return [RollbackBranch(b) for b in open_branches]
 
 
-def _recover_commits_every_open_branch(sct, decisions, open_branches, committed=None, *, link="", **_):
+def _recover_commits_every_open_branch(sct, decisions, open_branches, **_):
     return [CommitBranch(b, sct + 1) for b in open_branches]
 
 
-def _recover_ignores_lost_decided(sct, decisions, open_branches, committed=None, *, link="", **kw):
-    return [a for a in _RECOVER(sct, decisions, open_branches, committed, link=link, **kw)
-            if not isinstance(a, Fail)]
-
-
-def _recover_rolls_back_at_start(sct, decisions, open_branches, committed=None, *, link="", **_):
+def _recover_rolls_back_at_start(sct, decisions, open_branches, **_):
     # a start that rolls back what no decision names, as if no earlier run could still be running
-    return _RECOVER(sct, decisions, open_branches, committed, link=link, roll_back_undecided=True)
+    return _RECOVER(sct, decisions, open_branches, roll_back_undecided=True)
 
 
 class _CommitsBeforeDeciding(Committer):
     """An interpreter that runs phase 2 before the last agent's decision."""
 
-    def commit(self, epoch, generation, handles, data=None):
+    def commit(self, epoch, generation, handles, staged=None):
         known = {Branch.of(h): h for h in handles}
         self._carry_out([CommitBranch(b, epoch) for b in known], known)
-        return super().commit(epoch, generation, handles, data)
+        return super().commit(epoch, generation, handles, staged)
 
 
-class _DecidesWithoutLooking(Committer):
-    """An interpreter that decides without asking the broker whether the branches still exist."""
+class _IgnoresLostBranches(Committer):
+    """An interpreter that takes any end of a decided branch for a commit (no expired-decided hazard)."""
 
-    def _refuse_unless_decidable(self, epoch, live, known):
+    def _require_committed(self, results, epoch_of):
         return None
 
 
-class _NoMargin(Committer):
-    """An interpreter that decides any branch still open, however close to its timeout."""
-
-    def _refuse_unless_decidable(self, epoch, live, known):
-        saved = protocol.decision_margin_ms
-        protocol.decision_margin_ms = lambda timeout_ms: 0
-        try:
-            return super()._refuse_unless_decidable(epoch, live, known)
-        finally:
-            protocol.decision_margin_ms = saved
+def _decides_without_looking(epoch, prepared, open_now, decided, *, now_ms, **kw):
+    # decides as if the broker held every prepared branch open, just begun
+    return _COMMIT_EPOCH(epoch, prepared, {**{b: (now_ms, TIMEOUT_MS) for b in prepared}, **open_now}, decided,
+                         now_ms=now_ms, **kw)
 
 
-def _sweep_keeps_stale_attempts(recorded, open_branches, decided=None):
-    return []
+def _no_margin(epoch, prepared, open_now, decided, *, timeout_ms, **kw):
+    # decides any branch still open, however close to its timeout (the margin comes from the timeout)
+    return _COMMIT_EPOCH(epoch, prepared, open_now, decided, timeout_ms=0, **kw)
 
 
-def _sweep_ignores_earlier_decisions(recorded, open_branches, decided=None):
+def _keeps_stale_attempts(epoch, prepared, open_now, decided, **kw):
+    # leaves open what the epoch's record does not name (failed or superseded attempts)
+    return [a if not isinstance(a, FinishEpoch) else FinishEpoch(a.epoch, tuple(prepared))
+            for a in _COMMIT_EPOCH(epoch, prepared, open_now, decided, **kw)]
+
+
+def _ignores_earlier_decisions(epoch, prepared, open_now, decided, **kw):
     # rolls back every other open branch, as if no earlier run could have decided after this run's start
-    return _SWEEP(recorded, open_branches, None)
+    return _COMMIT_EPOCH(epoch, prepared, open_now, {}, **kw)
 
 
-def _decide_ignores_the_record(epoch, recorded, prepared, open_branches):
-    # treats a re-run of a decided epoch as fresh: commits the new attempts without a record
-    return _DECIDE_EPOCH(epoch, None, prepared, open_branches)[1:] if recorded is not None else \
-        _DECIDE_EPOCH(epoch, None, prepared, open_branches)
+def _ignores_the_record(epoch, prepared, open_now, decided, **kw):
+    # treats a re-run of a decided epoch as fresh: commits the new attempts whatever record stands
+    actions = _COMMIT_EPOCH(epoch, prepared, open_now, decided, **kw)
+    return [*actions[:1], *(CommitBranch(b, epoch) for b in prepared), *actions[1:]]
 
 
 @pytest.mark.parametrize("name, rules, variant", [
     ("recover rolls back decided branches", Rules(recover=_recover_rolls_back_decided), VARIANTS[0]),
     ("recover commits undecided branches", Rules(recover=_recover_commits_every_open_branch), VARIANTS[0]),
     ("phase 2 before the decision", Rules(committer=_CommitsBeforeDeciding), VARIANTS[0]),
-    ("sweep leaves stale attempts open", Rules(sweep=_sweep_keeps_stale_attempts), VARIANTS[2]),
-    ("decide a branch the broker expired", Rules(committer=_DecidesWithoutLooking), VARIANT["stalled-task"]),
-    ("decide a branch about to expire", Rules(committer=_NoMargin), VARIANT["skewed-task"]),
+    ("stale attempts left open", Rules(commit_epoch=_keeps_stale_attempts), VARIANTS[2]),
+    ("decide a branch the broker expired", Rules(commit_epoch=_decides_without_looking), VARIANT["stalled-task"]),
+    ("decide a branch about to expire", Rules(commit_epoch=_no_margin), VARIANT["skewed-task"]),
     ("re-run decided epoch writes and commits again",
-     Rules(decide_epoch=_decide_ignores_the_record, skip_task=lambda epoch, newest: False), VARIANTS[0]),
+     Rules(commit_epoch=_ignores_the_record, skip_task=lambda epoch, newest: False), VARIANTS[0]),
 ])
 def test_mutants_are_caught(name, rules, variant):
     count, found = explore(variant, ORDERS[0], depth=1, rules=rules)
@@ -780,7 +773,7 @@ def test_mutants_are_caught(name, rules, variant):
 
 
 def test_a_silent_expired_branch_is_caught():
-    """A recover that drops the Fail lets the query finish with a decided branch's records missing."""
+    """An interpreter that takes a lost decided branch for committed lets the query finish with its records missing."""
     clean = simulate(VARIANTS[0], ORDERS[0])
     crash_at = clean.world.trace.index("decide e0") + 2
 
@@ -790,7 +783,7 @@ def test_a_silent_expired_branch_is_caught():
                 w.broker.expire(br.transactional_id)
                 return
 
-    out = simulate(VARIANTS[0], ORDERS[0], (crash_at,), rules=Rules(recover=_recover_ignores_lost_decided),
+    out = simulate(VARIANTS[0], ORDERS[0], (crash_at,), rules=Rules(committer=_IgnoresLostBranches),
                    between_runs=expire_one)
     # the decided epoch's re-run commit still meets the lost branch, or the final check sees it
     assert any("was not committed" in v or "atomicity" in v or "exactly once" in v for v in out.violations), \
@@ -927,7 +920,7 @@ def _tasks_without_claim(started, run, claim):
 
 @pytest.mark.parametrize("name, rules", [
     ("a start that rolls back undecided branches", Rules(recover=_recover_rolls_back_at_start)),
-    ("a sweep that ignores earlier runs' decisions", Rules(sweep=_sweep_ignores_earlier_decisions)),
+    ("a commit that ignores earlier runs' decisions", Rules(commit_epoch=_ignores_earlier_decisions)),
     ("tasks that do not claim for their run", Rules(task_generation=_tasks_without_claim)),
 ])
 def test_zombie_mutants_are_caught(name, rules):
@@ -942,14 +935,13 @@ def _b(i: int, epoch: int = 0) -> Branch:
     return Branch(xid.transactional_id(LINK, 1, i, 0), 1000 + i, epoch)
 
 
-def test_decide_epoch_fresh_and_standing():
-    a, b, stale = _b(0), _b(1), _b(2)
-    assert protocol.decide_epoch(5, None, [a, b], [a, b, stale]) == [
-        WriteDecision(5, (a, b)), CommitBranch(a, 5), CommitBranch(b, 5), RollbackBranch(stale)]
-    new = _b(3)
-    assert protocol.decide_epoch(5, (a, b), [new], [b, new, stale]) == [
-        CommitBranch(a, 5), CommitBranch(b, 5), RollbackBranch(new), RollbackBranch(stale)]
-    assert protocol.decide_epoch(5, None, [], []) == [WriteDecision(5, ())]
+def test_commit_epoch_decides_then_finishes_what_is_open():
+    a, b, stale, earlier = _b(0), _b(1), _b(2), _b(3)
+    open_now = {a: (1_000, 60_000), b: (2_000, 60_000), stale: (500, 60_000), earlier: (100, 60_000)}
+    actions = protocol.commit_epoch(5, [a, b], open_now, {earlier: 4}, now_ms=3_000, timeout_ms=60_000, link=LINK)
+    assert actions == [WriteDecision(5, (a, b), 4), FinishEpoch(5, (a, b, stale)), CommitBranch(earlier, 4)]
+    assert protocol.commit_epoch(0, [], {}, {}, now_ms=0, timeout_ms=60_000) == [WriteDecision(0, (), -1),
+                                                                                   FinishEpoch(0, ())]
 
 
 def test_abort_epoch():
@@ -962,18 +954,14 @@ def test_abort_epoch():
 def test_recover_rules():
     d0, d1, d2, undecided, gone = _b(0, 7), _b(1, 9), _b(2, 9), _b(3, 4), _b(4, 9)
     decisions = {4: (d0,), 5: (d1, d2, gone)}
-    actions = protocol.recover(4, decisions, [undecided, d2, d1], committed={d1}, link=LINK)
-    assert actions[:3] == [CommitBranch(d2, 5), CommitBranch(d1, 5), RollbackBranch(undecided)]
-    assert len(actions) == 4 and isinstance(actions[3], Fail)
-    fail = actions[3]
-    assert fail.epoch == 5 and fail.branch == gone
-    assert f"link {LINK!r} epoch 5" in fail.reason and gone.transactional_id in fail.reason
-    # the caller cannot tell committed from lost: re-commit, and the EndTxn outcome decides
-    assert protocol.recover(4, decisions, [], committed=None) == [CommitBranch(d1, 5), CommitBranch(d2, 5),
-                                                                   CommitBranch(gone, 5)]
+    assert protocol.recover(4, decisions, [undecided, d2, d1]) == [
+        CommitBranch(d2, 5), CommitBranch(d1, 5), RollbackBranch(undecided), CommitBranch(gone, 5)]
+    # a start before every epoch finishes decided branches only
+    assert protocol.recover(4, decisions, [undecided, d0], roll_back_undecided=False) == [
+        CommitBranch(d0, 4), CommitBranch(d1, 5), CommitBranch(d2, 5), CommitBranch(gone, 5)]
     # epochs Spark already committed are done: their branches are never re-examined
-    assert protocol.recover(5, decisions, [], committed=set()) == []
-    assert protocol.recover(-1, {}, [], committed=set()) == []
+    assert protocol.recover(5, decisions, []) == []
+    assert protocol.recover(-1, {}, []) == []
 
 
 def test_skip_task():
@@ -992,9 +980,9 @@ def test_unsafe_branches_and_the_refusal():
     assert set(unsafe) == {a, c}  # a has 11 s left (< 15 s), b has 50 s
     assert "11.0 s left" in unsafe[a] and "no longer open" in unsafe[c]
     assert protocol.unsafe_branches([a, b], open_now, now_ms=45_000, margin_ms=margin) == {}
-    actions = protocol.refuse_epoch(4, [a, b, c], unsafe, link=LINK, running_ms=49_000, timeout_ms=timeout)
-    assert actions[:3] == [RollbackBranch(a), RollbackBranch(b), RollbackBranch(c)]
-    fail = actions[3]
-    assert isinstance(fail, Fail) and not fail.decided and fail.epoch == 4
-    assert f"link {LINK!r} epoch 4 was not decided" in fail.reason and "49.0 s" in fail.reason
-    assert "kafka.transaction.timeout.ms (now 60000 ms)" in fail.reason and a.transactional_id in fail.reason
+    prepared_open = {x: open_now[x] for x in (a, b)}
+    actions = protocol.commit_epoch(4, [a, b, c], prepared_open, {}, now_ms=50_000, timeout_ms=timeout, link=LINK)
+    assert actions == [FollowDecision(4, actions[0].reason, a), FinishEpoch(4, (a, b, c))]
+    reason = actions[0].reason
+    assert f"link {LINK!r} epoch 4 was not decided" in reason and "49.0 s" in reason
+    assert "kafka.transaction.timeout.ms (now 60000 ms)" in reason and a.transactional_id in reason
