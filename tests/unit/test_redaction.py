@@ -10,7 +10,7 @@ import pytest
 from lastagent import redact
 from lastagent.kafka_xa import RefusedRecord
 from lastagent.sinks import dead_letters, transformer
-from lastagent.sinks.delta_sink import side_record
+from lastagent.sinks.task_outputs import side_record
 
 pytestmark = pytest.mark.unit
 
