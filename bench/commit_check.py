@@ -20,7 +20,7 @@ from common import BOOTSTRAP
 from kafka.admin import KafkaAdminClient
 from sink_bench import commit_overhead
 
-from lastagent.committer import Committer
+from lastagent.core.committer import Committer
 
 ROUNDS = 3
 

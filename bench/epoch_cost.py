@@ -25,7 +25,7 @@ from common import BOOTSTRAP, new_topic
 from confluent_kafka import Producer
 from kafka.admin import KafkaAdminClient
 
-from lastagent.kafka_xa import KafkaXAResource
+from lastagent.kafka.xa import KafkaXAResource
 from lastagent.spark_session import local_session
 
 EPOCHS = int(os.environ.get("BENCH_EPOCHS", "100"))

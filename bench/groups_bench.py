@@ -38,7 +38,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lastagent.reliable import ROCKSDB
+from lastagent.groups.step import ROCKSDB
 from lastagent.spark_session import local_session
 
 ROWS = int(os.environ.get("BENCH_GROUP_ROWS", "2000000"))

@@ -28,8 +28,8 @@ import pandas as pd
 from pyspark.sql import Row
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
-from lastagent import group_rules
-from lastagent.reliable import ROCKSDB, message
+from lastagent.groups import rules as group_rules
+from lastagent.groups.step import ROCKSDB, message
 from lastagent.spark_session import local_session
 
 SCHEMA = "GroupId string, SequenceNumber long, value binary"

@@ -22,8 +22,8 @@ from common import BOOTSTRAP, PeakRss, new_topic
 from confluent_kafka import Producer
 from kafka.admin import KafkaAdminClient
 
-from lastagent.committer import Committer
-from lastagent.kafka_xa import BranchWriter
+from lastagent.core.committer import Committer
+from lastagent.kafka.xa import BranchWriter
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 from lastagent.spark_session import local_session
 

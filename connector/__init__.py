@@ -34,8 +34,8 @@ def register(spark: Any) -> None:
 
 def reliable_groups(df: Any, **kwargs: Any) -> Any:
     """Duplicate elimination and ordered delivery by WS-Reliability's group rules: see
-    :func:`lastagent.reliable.reliable_groups` for the arguments. Driver side."""
-    from lastagent.reliable import reliable_groups as step
+    :func:`lastagent.groups.step.reliable_groups` for the arguments. Driver side."""
+    from lastagent.groups.step import reliable_groups as step
 
     return step(df, **kwargs)
 __version__ = "0.1.0"

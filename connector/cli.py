@@ -36,8 +36,8 @@ from lastagent.errors import LastAgentError
 
 def _committer(args: argparse.Namespace) -> Any:
     """The link's committer: arbitration in its own table (Kafka sink) or in the target table (Delta sink)."""
-    from lastagent.committer import Committer
-    from lastagent.kafka_xa import KafkaXAResource
+    from lastagent.core.committer import Committer
+    from lastagent.kafka.xa import KafkaXAResource
     from lastagent.sinks.delta_commit import TargetTableStore
     from lastagent.sinks.delta_sink_options import DeltaSinkOptions
     from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _require_table(committer: Any, args: argparse.Namespace) -> None:
     """Fails when the arbitration (or target) table is not there: a wrong path must not read as 'no doubt'."""
-    from lastagent.arbitration import ArbitrationError
+    from lastagent.core.arbitration import ArbitrationError
 
     path = args.arbitration_table or args.table
     table = committer.store._table() if args.arbitration_table else committer.store.table()

@@ -112,7 +112,7 @@ def sink_act(bootstrap: str, workdir: str, table: str) -> bool:
     """Act 2: that Delta table → lastagent-kafka sink, the driver SIGKILLed midway and restarted."""
     from kafka.admin import KafkaAdminClient, NewTopic
 
-    from lastagent.committer import Committer
+    from lastagent.core.committer import Committer
     from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 
     topic = f"demo-shipments-{uuid.uuid4().hex[:6]}"

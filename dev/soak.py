@@ -574,7 +574,7 @@ class Soak:
                 checks["dead_letters"] = compare(poison, self.read_committed(self.topics["dead"], lambda k, val: k))
                 checks["orphan_files"] = self.orphan_files(self.work / "delta-table")
                 orphans += len(checks["orphan_files"])
-            from lastagent.kafka_xa import KafkaXAResource
+            from lastagent.kafka.xa import KafkaXAResource
 
             with KafkaXAResource({"bootstrap.servers": self.bootstrap}) as xa:
                 still_open = xa.recover(f"lastagent-{link.name}-")

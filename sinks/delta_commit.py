@@ -1,7 +1,7 @@
 """The last agent of a ``lastagent-delta`` link: the target table's own commit. Driver side.
 
-:class:`TargetTableStore` has the :class:`~lastagent.arbitration.ArbitrationStore` interface,
-so the :class:`~lastagent.committer.Committer` runs the same protocol for both sinks; here the
+:class:`TargetTableStore` has the :class:`~lastagent.core.arbitration.ArbitrationStore` interface,
+so the :class:`~lastagent.core.committer.Committer` runs the same protocol for both sinks; here the
 decision *is* the epoch's data commit. One Delta commit holds the epoch's add actions, the
 ``txn`` action (appId = link, version = epoch) and the arbitration record in the commit's
 metadata (``lastagent.*`` keys: gxid, Kafka branch handles, the task attempts whose files it
@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from lastagent.arbitration import (
+from lastagent.core.arbitration import (
     ArbitrationError,
     ArbitrationRecord,
     Decision,
@@ -153,7 +153,7 @@ class TargetTableStore:
         self._latest = LatestTable(self._where.uri, self.storage.delta_options(self._where))
 
     def table(self) -> Any:
-        """The DeltaTable at its newest version (:class:`~lastagent.arbitration.LatestTable`), or None
+        """The DeltaTable at its newest version (:class:`~lastagent.core.arbitration.LatestTable`), or None
         while the table does not exist."""
         from deltalake.exceptions import TableNotFoundError
 
@@ -223,7 +223,7 @@ class TargetTableStore:
 
     def _owner(self) -> str:
         """The query that owns the checkpoint: the owner a new table records for generation 0."""
-        from lastagent.checkpoint import query_id
+        from lastagent.core.checkpoint import query_id
 
         if self.checkpoint_location is None:
             raise ArbitrationError(f"cannot create Delta table {self.path} without the query's checkpointLocation")
@@ -269,7 +269,7 @@ class TargetTableStore:
     def _empty_record(self, link: str) -> tuple[Any, str] | None:
         if self.checkpoint_location is None:
             return None
-        from lastagent.checkpoint import filesystem
+        from lastagent.core.checkpoint import filesystem
 
         fs_, base = filesystem(self.checkpoint_location, storage=self.storage)
         return fs_, f"{base}/lastagent/{link}.empty.json"
@@ -587,7 +587,7 @@ class TargetTableStore:
         """Fails when a restarted query's link has no commits but another link's are there (renamed)."""
         if self.checkpoint_location is None or self.latest_epoch(link) is not None:
             return
-        from lastagent.checkpoint import committed_through
+        from lastagent.core.checkpoint import committed_through
 
         if committed_through(self.checkpoint_location, self.storage) < 0:
             return  # a new query: a table shared with other links is fine

@@ -31,9 +31,10 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from lastagent import faults, protocol
-from lastagent.kafka_xa import BranchHandle
-from lastagent.refusals import split_refused, strip_refusal_columns
+from lastagent import faults
+from lastagent.core import protocol
+from lastagent.groups.refusals import split_refused, strip_refusal_columns
+from lastagent.kafka.xa import BranchHandle
 from lastagent.sinks import dead_letters, transformer
 from lastagent.sinks.delta_commit import StagedEpoch, TargetTableStore, schema_diff, schema_error
 from lastagent.sinks.delta_features import TableRules
@@ -104,7 +105,7 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
 
     def start(self) -> Started:
         """Checks the table and finishes decided side-output branches (:meth:`Committer.start`). Driver, before each epoch's tasks."""
-        from lastagent.committer import Committer
+        from lastagent.core.committer import Committer
 
         opts = self.options
         require_reachable(opts.storage, {"path": opts.path, "checkpointLocation": opts.checkpoint_location,
@@ -280,7 +281,7 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
     # -- driver -----------------------------------------------------------------------------
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        from lastagent.committer import Committer, EpochNotDecidedError
+        from lastagent.core.committer import Committer, EpochNotDecidedError
 
         msgs = [m for m in messages if isinstance(m, DeltaMessage)]
         generation = generation_of(msgs, batchId)
@@ -307,7 +308,7 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
                  batchId, rows, len(staged.adds), self.options.path, dead)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        from lastagent.committer import Committer
+        from lastagent.core.committer import Committer
 
         msgs = [m for m in messages if isinstance(m, DeltaMessage)]
         store = self._store()

@@ -12,9 +12,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from lastagent import xid
+from lastagent.core import xid
 from lastagent.errors import OptionError
-from lastagent.kafka_config import KafkaConfig
+from lastagent.kafka.config import KafkaConfig
 from lastagent.options import Option, OptionTable
 from lastagent.sinks.kafka_sink_options import DEFAULT_TRANSACTION_TIMEOUT_MS
 from lastagent.storage import StorageConfig, location

@@ -16,7 +16,7 @@ from typing import Any
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, StructType
 
 from lastagent.errors import OptionError
-from lastagent.refusals import REFUSED_REASON, REFUSED_RULE
+from lastagent.groups.refusals import REFUSED_REASON, REFUSED_RULE
 
 #: (key, value, topic, partition, headers) for one Kafka record.
 Record = tuple[bytes | None, bytes | None, str, int | None, list[tuple[str, bytes | None]] | None]

@@ -13,7 +13,7 @@
 * ``write`` runs on executors, one Spark task attempt = one branch: a Kafka transaction
   with a transactional.id named by link, generation, partition and attempt, flushed and left
   open (prepared). Its handle is the commit message.
-* ``commit`` / ``abort`` run on the driver and hand the epoch to :mod:`lastagent.committer`,
+* ``commit`` / ``abort`` run on the driver and hand the epoch to :mod:`lastagent.core.committer`,
   with the generation the tasks reported; the decision is refused if a newer run owns the link.
 """
 
@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from lastagent import faults, protocol
-from lastagent.kafka_xa import BranchHandle, BranchWriter
+from lastagent import faults
+from lastagent.core import protocol
+from lastagent.kafka.xa import BranchHandle, BranchWriter
 from lastagent.sinks.kafka_rows import check_schema, records, simple_columns
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 from lastagent.sinks.query_run import (
@@ -47,7 +48,7 @@ from lastagent.storage import require_reachable
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from lastagent.arbitration import Ownership
+    from lastagent.core.arbitration import Ownership
 
 log = logging.getLogger("lastagent.sink")
 
@@ -83,7 +84,7 @@ class KafkaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
 
     def start(self) -> Started:
         """Checks the link and finishes its decided branches (:meth:`Committer.start`). Driver, before each epoch's tasks."""
-        from lastagent.committer import Committer
+        from lastagent.core.committer import Committer
 
         require_reachable(self.options.storage, {"arbitrationTable": self.options.arbitration_table,
                                                  "checkpointLocation": self.options.checkpoint_location})
@@ -95,7 +96,7 @@ class KafkaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
 
     def _claim(self, owner: str) -> Callable[[str], Ownership]:
         """Claims the link for a run in the arbitration table. Executor, a run's first tasks."""
-        from lastagent.arbitration import DeltaArbitrationStore
+        from lastagent.core.arbitration import DeltaArbitrationStore
 
         return lambda run: DeltaArbitrationStore(self.options.arbitration_table, self.options.storage).claim(
             self.options.link, owner, run=run)
@@ -147,7 +148,7 @@ class KafkaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Driver, once per epoch: decide, then phase 2 (:meth:`Committer.commit`)."""
-        from lastagent.committer import Committer
+        from lastagent.core.committer import Committer
 
         msgs = [m for m in messages if isinstance(m, BranchMessage)]
         generation = generation_of(msgs, batchId)
@@ -161,7 +162,7 @@ class KafkaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Driver: Spark gave up on the epoch (:meth:`Committer.abort`)."""
-        from lastagent.committer import Committer
+        from lastagent.core.committer import Committer
 
         msgs = [m for m in messages if isinstance(m, BranchMessage)]
         with Committer(self.options) as committer:

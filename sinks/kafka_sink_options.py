@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from lastagent import xid
+from lastagent.core import xid
 from lastagent.errors import OptionError
-from lastagent.kafka_config import KafkaConfig
+from lastagent.kafka.config import KafkaConfig
 from lastagent.options import Option, OptionTable
 from lastagent.storage import StorageConfig, location
 

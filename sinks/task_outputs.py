@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from lastagent.kafka_xa import BranchHandle, BranchWriter, RecordTooLarge, TransactionFailed
+from lastagent.kafka.xa import BranchHandle, BranchWriter, RecordTooLarge, TransactionFailed
 from lastagent.sinks import dead_letters
 from lastagent.sinks.delta_files import FileWriter
 from lastagent.sinks.delta_sink_options import DeltaSinkOptions

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from lastagent.errors import DataLossError, KafkaProtocolError, OptionError
-from lastagent.kafka_config import access_hint, as_librdkafka_strings
-from lastagent.kafka_oauth import check_login
-from lastagent.kafka_retry import is_retriable, retried
+from lastagent.kafka.config import access_hint, as_librdkafka_strings
+from lastagent.kafka.oauth import check_login
+from lastagent.kafka.retry import is_retriable, retried
 from lastagent.sources.kafka_source_options import KafkaSourceOptions
 
 log = logging.getLogger("lastagent.source")
@@ -171,7 +171,7 @@ class OffsetReader:
         """Submits an admin request (``submit()`` returns its futures) and waits for every answer.
 
         Retried through broker loss (a leader or the group coordinator moving, a broker restarting)
-        within ``kafka.default.api.timeout.ms`` (:func:`lastagent.kafka_retry.retried`).
+        within ``kafka.default.api.timeout.ms`` (:func:`lastagent.kafka.retry.retried`).
         """
         from confluent_kafka import KafkaException
 
@@ -324,7 +324,7 @@ class OffsetReader:
         from kafka import TopicPartition as KafkaTopicPartition
         from kafka.errors import KafkaError as PyKafkaError
 
-        from lastagent.kafka_wire import admin_client, explain
+        from lastagent.kafka.wire import admin_client, explain
 
         group = self._group()
         wanted = [KafkaTopicPartition(t, p) for t, p in tps]

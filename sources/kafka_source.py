@@ -38,7 +38,7 @@ from pyspark.sql.types import (
 )
 
 from lastagent.errors import DataLossError, KafkaProtocolError, OptionError
-from lastagent.kafka_config import KafkaConfig, access_hint, as_librdkafka_strings
+from lastagent.kafka.config import KafkaConfig, access_hint, as_librdkafka_strings
 from lastagent.sources.kafka_offsets import (
     TP,
     OffsetRange,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lastagent.errors import OptionError
-from lastagent.kafka_config import KafkaConfig
+from lastagent.kafka.config import KafkaConfig
 from lastagent.options import Option, OptionTable
 
 #: Consumer settings the source owns, as in Spark's kafka source: a user value would break

@@ -13,10 +13,10 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from support import read_committed
 
 from lastagent import faults
-from lastagent.arbitration import InMemoryArbitrationStore
-from lastagent.committer import Committer
-from lastagent.kafka_retry import KafkaUnavailableError
-from lastagent.kafka_xa import BranchWriter, KafkaXAResource
+from lastagent.core.arbitration import InMemoryArbitrationStore
+from lastagent.core.committer import Committer
+from lastagent.kafka.retry import KafkaUnavailableError
+from lastagent.kafka.xa import BranchWriter, KafkaXAResource
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 
 pytestmark = pytest.mark.chaos

@@ -22,7 +22,7 @@ import pytest
 import support
 from support import read_committed
 
-from lastagent.kafka_xa import KafkaXAResource
+from lastagent.kafka.xa import KafkaXAResource
 from lastagent.sinks.delta_files import parse_file_name
 
 pytestmark = pytest.mark.chaos

@@ -23,7 +23,7 @@ import s3_server
 import support
 from support import read_committed
 
-from lastagent.kafka_xa import KafkaXAResource
+from lastagent.kafka.xa import KafkaXAResource
 from lastagent.sinks.delta_files import parse_file_name
 from lastagent.storage import location
 

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 import pytest
 import support
 
-from lastagent.reliable import kept_groups
+from lastagent.groups.step import kept_groups
 
 pytestmark = pytest.mark.chaos
 

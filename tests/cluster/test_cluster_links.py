@@ -26,7 +26,7 @@ import support
 from confluent_kafka import Producer
 from support import read_committed
 
-from lastagent.kafka_xa import KafkaXAResource
+from lastagent.kafka.xa import KafkaXAResource
 
 pytestmark = pytest.mark.cluster
 

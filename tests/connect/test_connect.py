@@ -28,7 +28,7 @@ from confluent_kafka import Producer
 from connect_server import ClientRun, finish_client, kill_group, start_client
 from support import read_committed
 
-from lastagent.kafka_xa import KafkaXAResource
+from lastagent.kafka.xa import KafkaXAResource
 
 pytestmark = pytest.mark.connect
 

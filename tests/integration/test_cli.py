@@ -10,8 +10,8 @@ import uuid
 import pytest
 from support import read_committed
 
-from lastagent.arbitration import ArbitrationRecord, DeltaArbitrationStore
-from lastagent.kafka_xa import BranchWriter
+from lastagent.core.arbitration import ArbitrationRecord, DeltaArbitrationStore
+from lastagent.kafka.xa import BranchWriter
 
 pytestmark = pytest.mark.integration
 
@@ -63,7 +63,7 @@ def test_expired_decided_branch_is_reported_by_epoch_and_branch(kafka_bootstrap,
     """A decided branch the broker aborted after its timeout is a hazard: reported, exit 1."""
     import time
 
-    from lastagent.kafka_xa import KafkaXAResource
+    from lastagent.kafka.xa import KafkaXAResource
 
     topic = new_topic()
     link = f"cli-{uuid.uuid4().hex[:8]}"
@@ -89,7 +89,7 @@ def test_expired_decided_branch_is_reported_by_epoch_and_branch(kafka_bootstrap,
     assert "--accept-lost 4" in text.stdout
 
     # Every start stops on the lost branch, naming it, until an operator accepts the loss.
-    from lastagent.committer import Committer, DecidedBranchLostError
+    from lastagent.core.committer import Committer, DecidedBranchLostError
     from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 
     options = KafkaSinkOptions.parse({"kafka.bootstrap.servers": kafka_bootstrap, "link": link,

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from support import read_committed
 
-from lastagent.kafka_xa import KafkaXAResource
+from lastagent.kafka.xa import KafkaXAResource
 
 pytestmark = pytest.mark.integration
 

@@ -8,9 +8,9 @@ import uuid
 import pytest
 from support import read_committed
 
-from lastagent.arbitration import ArbitrationRecord
-from lastagent.committer import Committer, DecidedBranchLostError
-from lastagent.kafka_xa import BranchWriter
+from lastagent.core.arbitration import ArbitrationRecord
+from lastagent.core.committer import Committer, DecidedBranchLostError
+from lastagent.kafka.xa import BranchWriter
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 
 pytestmark = pytest.mark.integration

@@ -213,7 +213,7 @@ def test_a_dead_letter_table_with_a_constraint_is_refused_at_start(spark, source
 
 def test_an_arbitration_table_with_a_constraint_is_refused(spark, tmp_path):
     """The Kafka sink's arbitration table (option arbitrationTable): lastagent's own rows only."""
-    from lastagent.arbitration import DeltaArbitrationStore
+    from lastagent.core.arbitration import DeltaArbitrationStore
     from lastagent.sinks.delta_features import UnsupportedTableFeatureError
 
     arb = str(tmp_path / "arb")
@@ -229,7 +229,7 @@ def test_a_table_changed_while_the_epoch_ran_is_not_committed(tmp_path):
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
 
-    from lastagent.arbitration import ArbitrationRecord
+    from lastagent.core.arbitration import ArbitrationRecord
     from lastagent.sinks.delta_commit import StagedEpoch, TableChangedError, TargetTableStore
     from lastagent.sinks.delta_features import TableRules
 

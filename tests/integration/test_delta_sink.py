@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from support import read_committed
 
-from lastagent.kafka_xa import KafkaXAResource
+from lastagent.kafka.xa import KafkaXAResource
 
 pytestmark = pytest.mark.integration
 
@@ -294,7 +294,7 @@ def test_racing_deciders_on_the_target_table_one_wins_and_the_loser_drops_its_fi
     import pyarrow.parquet as pq
     from support import race
 
-    from lastagent.arbitration import ArbitrationRecord
+    from lastagent.core.arbitration import ArbitrationRecord
     from lastagent.sinks.delta_commit import StagedEpoch, TargetTableStore
 
     schema = '{"type":"struct","fields":[{"name":"id","type":"long","nullable":true,"metadata":{}}]}'

@@ -9,7 +9,7 @@ import pytest
 import support
 from support import read_committed
 
-from lastagent.kafka_xa import KafkaXAResource
+from lastagent.kafka.xa import KafkaXAResource
 
 pytestmark = pytest.mark.integration
 

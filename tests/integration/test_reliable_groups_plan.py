@@ -7,7 +7,7 @@ import pytest
 
 from lastagent import reliable_groups
 from lastagent.errors import LastAgentError, OptionError
-from lastagent.reliable import REFUSED_RULE, ROCKSDB
+from lastagent.groups.step import REFUSED_RULE, ROCKSDB
 
 pytestmark = pytest.mark.integration
 
@@ -68,8 +68,8 @@ def test_every_field_from_columns(spark, provider):
 def _judged_as_the_rules(out, rows) -> dict:
     """Each group's outcome in ``out`` (one message per group) against what the pure rules give for its texts;
     ``rows``: (group, {field: text}). Returns the outcomes by group."""
-    from lastagent import group_rules
-    from lastagent.reliable import REFUSED_REASON, message
+    from lastagent.groups import rules as group_rules
+    from lastagent.groups.step import REFUSED_REASON, message
 
     got = {r.g: (r[REFUSED_RULE], r[REFUSED_REASON]) for r in out.collect()}
     now = 1_800_000_000_000  # before every ExpiryTime in these tests but the negative ones

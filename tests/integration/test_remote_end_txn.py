@@ -15,7 +15,7 @@ import uuid
 import pytest
 from support import read_committed
 
-from lastagent.kafka_wire import EndTxnResult, TransactionCoordinatorClient
+from lastagent.kafka.wire import EndTxnResult, TransactionCoordinatorClient
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import Producer
 from support import read_committed
 
-from lastagent.kafka_xa import KafkaXAResource
+from lastagent.kafka.xa import KafkaXAResource
 
 pytestmark = pytest.mark.integration
 

@@ -27,7 +27,7 @@ from confluent_kafka import Producer
 from support import grant_all, link_acls
 
 from lastagent.errors import KafkaProtocolError, OptionError
-from lastagent.kafka_xa import BranchError, BranchWriter, KafkaXAResource
+from lastagent.kafka.xa import BranchError, BranchWriter, KafkaXAResource
 
 pytestmark = pytest.mark.integration
 

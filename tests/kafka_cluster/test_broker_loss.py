@@ -44,7 +44,7 @@ import pytest
 import support
 from support import cluster_admin, in_sync, read_committed
 
-from lastagent.kafka_xa import KafkaXAResource
+from lastagent.kafka.xa import KafkaXAResource
 
 pytestmark = pytest.mark.kafka_cluster
 

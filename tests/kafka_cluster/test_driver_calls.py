@@ -15,9 +15,9 @@ import pytest
 from support import in_sync, read_committed
 
 from lastagent import faults
-from lastagent.arbitration import InMemoryArbitrationStore
-from lastagent.committer import Committer
-from lastagent.kafka_xa import BranchWriter, EndOutcome, KafkaXAResource
+from lastagent.core.arbitration import InMemoryArbitrationStore
+from lastagent.core.committer import Committer
+from lastagent.kafka.xa import BranchWriter, EndOutcome, KafkaXAResource
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 
 pytestmark = pytest.mark.kafka_cluster

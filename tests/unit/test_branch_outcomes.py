@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lastagent.kafka_xa import BranchHandle, KafkaXAResource
+from lastagent.kafka.xa import BranchHandle, KafkaXAResource
 
 pytestmark = pytest.mark.unit
 

@@ -30,7 +30,7 @@ def test_nothing_in_the_installed_package_can_kill_a_process():
     """The crash hook lives in tests/crashhook; the demo, which kills its drivers, lives in dev/."""
     root = Path(lastagent.__file__).parent
     modules = [m.name for m in pkgutil.walk_packages([str(root)], "lastagent.")]
-    assert "lastagent.committer" in modules and "lastagent.demo" not in modules
+    assert "lastagent.core.committer" in modules and "lastagent.demo" not in modules
     for path in root.rglob("*.py"):
         text = path.read_text()
         for call in ("os.kill(", "os.killpg(", "import signal", "signal.SIG"):

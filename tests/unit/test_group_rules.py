@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from lastagent.group_rules import (
+from lastagent.groups.rules import (
     RULES,
     Deliver,
     Duplicate,
@@ -311,7 +311,7 @@ def test_plain_messages_take_the_short_way_to_the_same_state_and_outcomes(seed):
     """receive_plain equals receive on each message, from states reached by random histories (every kind of
     message, ordered or not, with parameters and ends) and over random plain batches with duplicates,
     expired messages, gaps and clock steps; where it declines (None), the states are the ones it names."""
-    from lastagent.group_rules import receive_plain
+    from lastagent.groups.rules import receive_plain
 
     rng = random.Random(1000 + seed)
     took, declined = 0, 0

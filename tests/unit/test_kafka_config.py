@@ -7,7 +7,7 @@ import pickle
 import pytest
 
 from lastagent.errors import OptionError
-from lastagent.kafka_config import KafkaConfig
+from lastagent.kafka.config import KafkaConfig
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 
 pytestmark = pytest.mark.unit

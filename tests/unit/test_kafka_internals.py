@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from lastagent import kafka_internals
 from lastagent.errors import LastAgentError
+from lastagent.kafka import internals as kafka_internals
 
 pytestmark = pytest.mark.unit
 

@@ -11,8 +11,8 @@ import types
 import pytest
 
 from lastagent.errors import OptionError
-from lastagent.kafka_config import KafkaConfig, OAuth
-from lastagent.kafka_oauth import Token, TokenError, Tokens, claims, load_provider
+from lastagent.kafka.config import KafkaConfig, OAuth
+from lastagent.kafka.oauth import Token, TokenError, Tokens, claims, load_provider
 
 pytestmark = pytest.mark.unit
 

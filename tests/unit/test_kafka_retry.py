@@ -1,4 +1,4 @@
-"""Riding through broker loss (``lastagent.kafka_retry``): which failures are retried, and the time budget."""
+"""Riding through broker loss (``lastagent.kafka.retry``): which failures are retried, and the time budget."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from confluent_kafka import KafkaError, KafkaException
 from kafka import errors as kerr
 
 from lastagent.errors import KafkaProtocolError, OptionError
-from lastagent.kafka_config import KafkaConfig
-from lastagent.kafka_retry import KafkaUnavailableError, condition, is_retriable, retried
+from lastagent.kafka.config import KafkaConfig
+from lastagent.kafka.retry import KafkaUnavailableError, condition, is_retriable, retried
 
 pytestmark = pytest.mark.unit
 

@@ -26,7 +26,7 @@ def test_parse_defaults_and_passthrough():
 
 def test_branch_producer_defaults_give_way_to_the_users_settings():
     """Keys partitioned as the Java producer does; a bounded queue, in bytes and in records."""
-    from lastagent.kafka_xa import producer_config
+    from lastagent.kafka.xa import producer_config
 
     ours = producer_config(KafkaSinkOptions.parse(BASE).client_config, "t-1", 60_000)
     assert (ours["partitioner"], ours["queue.buffering.max.kbytes"], ours["queue.buffering.max.messages"]) == (
@@ -145,7 +145,7 @@ def test_a_writer_that_skipped_query_start_refuses_to_write():
 
 
 def test_checkpoint_reads_fail_closed(tmp_path):
-    from lastagent import checkpoint
+    from lastagent.core import checkpoint
 
     assert checkpoint.committed_through(str(tmp_path / "new")) == -1
     (tmp_path / "c" / "commits").mkdir(parents=True)

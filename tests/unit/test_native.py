@@ -11,7 +11,7 @@ import pytest
 
 from lastagent._native import NativeKafkaError, RangeConsumer, SettingRefused, librdkafka_version
 from lastagent.errors import OptionError
-from lastagent.kafka_config import KafkaConfig
+from lastagent.kafka.config import KafkaConfig
 from lastagent.sources import kafka_source
 
 pytestmark = pytest.mark.unit

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from lastagent import xid
+from lastagent.core import xid
 from lastagent.errors import OptionError
 from lastagent.options import Option, OptionTable
 from lastagent.options_doc import render

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lastagent.arbitration import RETIRED_RUNS, InMemoryArbitrationStore, LinkOwnedError, Ownership, StaleOwnerError, next_ownership
+from lastagent.core.arbitration import RETIRED_RUNS, InMemoryArbitrationStore, LinkOwnedError, Ownership, StaleOwnerError, next_ownership
 from lastagent.errors import LastAgentError
 from lastagent.sinks.query_run import Started, task_generation, task_run
 

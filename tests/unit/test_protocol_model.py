@@ -13,8 +13,8 @@ A small simulated world, all in memory:
 * Spark's checkpoint: offset log and commit log; the commit log gets N only after the sink's
   commit(N) returned; a restarted query re-runs the newest epoch with logged offsets and no
   commit;
-* the driver is ``lastagent.committer.Committer`` itself, the one interpreter of the rules in
-  ``lastagent.protocol``, wired to the world through the three ports it has in production (the
+* the driver is ``lastagent.core.committer.Committer`` itself, the one interpreter of the rules in
+  ``lastagent.core.protocol``, wired to the world through the three ports it has in production (the
   XA resource, the arbitration store with its owner generation, Spark's checkpoint); tasks
   name their branches by the generation the start claimed and write deterministic records
   (epoch, task, i) into one branch each.
@@ -38,11 +38,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from lastagent import protocol, xid
-from lastagent.arbitration import ArbitrationRecord, Decision, Ownership, StaleOwnerError, next_ownership
-from lastagent.committer import Committer, DecidedBranchLostError, EpochNotDecidedError
-from lastagent.kafka_xa import BranchHandle, EndOutcome, EndResult, OpenTransaction
-from lastagent.protocol import Branch, CommitBranch, FinishEpoch, FollowDecision, RollbackBranch, WriteDecision
+from lastagent.core import protocol, xid
+from lastagent.core.arbitration import ArbitrationRecord, Decision, Ownership, StaleOwnerError, next_ownership
+from lastagent.core.committer import Committer, DecidedBranchLostError, EpochNotDecidedError
+from lastagent.core.protocol import Branch, CommitBranch, FinishEpoch, FollowDecision, RollbackBranch, WriteDecision
+from lastagent.kafka.xa import BranchHandle, EndOutcome, EndResult, OpenTransaction
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 from lastagent.sinks.query_run import Started, shipped, task_generation
 
@@ -229,7 +229,7 @@ class Rules:
 
     @contextlib.contextmanager
     def installed(self):
-        """The rules in force in ``lastagent.protocol`` (where the Committer looks them up)."""
+        """The rules in force in ``lastagent.core.protocol`` (where the Committer looks them up)."""
         saved = {name: getattr(protocol, name) for name in ("recover", "commit_epoch", "abort_epoch")}
         for name in saved:
             setattr(protocol, name, getattr(self, name))

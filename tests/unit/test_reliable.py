@@ -9,10 +9,10 @@ import random
 import pyarrow as pa
 import pytest
 
-from lastagent import group_rules
 from lastagent.errors import OptionError
-from lastagent.refusals import split_refused, strip_refusal_columns
-from lastagent.reliable import (
+from lastagent.groups import rules as group_rules
+from lastagent.groups.refusals import split_refused, strip_refusal_columns
+from lastagent.groups.step import (
     FIELDS,
     REFUSED_REASON,
     REFUSED_RULE,
@@ -168,7 +168,7 @@ def test_without_the_micro_batch_time_the_processor_stops_and_changes_nothing(ba
     from pyspark.sql.streaming.stateful_processor import TimerValues
 
     from lastagent.errors import LastAgentError
-    from lastagent.reliable import _EXPIRY, _KEY, _SEQ, _TEXTS, _BucketProcessor, _Layout
+    from lastagent.groups.step import _EXPIRY, _KEY, _SEQ, _TEXTS, _BucketProcessor, _Layout
 
     class Handle:  # a state store that records every call
         calls: list[str] = []
@@ -204,7 +204,7 @@ def test_a_held_row_is_stored_as_versioned_arrow_and_reads_back_as_it_was():
     import pandas as pd
 
     from lastagent.errors import LastAgentError
-    from lastagent.reliable import HELD_ROW_FORMAT, held_bytes, held_row
+    from lastagent.groups.step import HELD_ROW_FORMAT, held_bytes, held_row
 
     row = pd.DataFrame({
         "key": [b"k-1"], "value": [b"\x00payload"], "topic": ["orders"], "partition": [3], "offset": [41],

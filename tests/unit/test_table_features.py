@@ -160,7 +160,7 @@ def test_a_property_commit_that_rewrites_the_protocol_is_logged(caplog):
     """delta-rs 1.6.6's property commit rewrites a table-features protocol; the claim says so (docs/delta.md)."""
     from types import SimpleNamespace
 
-    from lastagent.arbitration import alter_properties
+    from lastagent.core.arbitration import alter_properties
 
     class Table:
         def __init__(self, protocol: tuple) -> None:

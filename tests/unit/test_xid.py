@@ -6,9 +6,7 @@ import random
 
 import pytest
 
-from lastagent.errors import OptionError
-from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
-from lastagent.xid import (
+from lastagent.core.xid import (
     FORMAT_ID,
     MAX_EPOCH,
     MAX_LINK_LENGTH,
@@ -21,6 +19,8 @@ from lastagent.xid import (
     parse_transactional_id,
     transactional_id,
 )
+from lastagent.errors import OptionError
+from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 
 pytestmark = pytest.mark.unit
 

@@ -4,7 +4,7 @@ Runs on the driver and in the ``lastagent`` command. It finishes a prepared bran
 Kafka transaction) from any process, given its handle, with the public ``EndTxn`` request sent
 to the coordinator that ``FindCoordinator`` names. Connections, version negotiation, TLS and
 SASL are kafka-python's (``KafkaAdminClient`` and its connection manager), configured from the
-user's ``kafka.*`` settings by :class:`lastagent.kafka_config.KafkaConfig`, so these requests
+user's ``kafka.*`` settings by :class:`lastagent.kafka.config.KafkaConfig`, so these requests
 authenticate exactly like every other client the connector opens.
 
 Why not the producer: Kafka has no released client API to resume another process's
@@ -25,10 +25,11 @@ from kafka import errors as kafka_errors
 from kafka.admin import KafkaAdminClient
 from kafka.protocol.producer.transaction import EndTxnRequest
 
-from lastagent import kafka_internals, kafka_oauth
 from lastagent.errors import KafkaProtocolError
-from lastagent.kafka_config import LOGIN_HINT, KafkaConfig, access_hint
-from lastagent.kafka_retry import error_name, is_retriable, retried
+from lastagent.kafka import internals as kafka_internals
+from lastagent.kafka import oauth as kafka_oauth
+from lastagent.kafka.config import LOGIN_HINT, KafkaConfig, access_hint
+from lastagent.kafka.retry import error_name, is_retriable, retried
 
 T = TypeVar("T")
 
@@ -197,7 +198,7 @@ class TransactionCoordinatorClient:
             return self._admin
 
     def call(self, what: str, request: Callable[[Any], T], budget_ms: int | None = None) -> T:
-        """``request(admin)``, retried through broker loss (:func:`lastagent.kafka_retry.retried`).
+        """``request(admin)``, retried through broker loss (:func:`lastagent.kafka.retry.retried`).
 
         Raises:
             KafkaUnavailableError: still failing after the budget, naming the broker condition.

@@ -7,7 +7,7 @@ returned actions in order — :class:`WriteDecision` (the last agent's one-phase
 :class:`CommitBranch` / :class:`RollbackBranch` (``EndTxn`` commit / abort of one Kafka
 transaction). Nothing here touches Kafka, Delta or Spark, so the model check in
 ``tests/unit/test_protocol_model.py`` runs these very functions, through the real interpreter
-(:class:`lastagent.committer.Committer`), against simulated crashes.
+(:class:`lastagent.core.committer.Committer`), against simulated crashes.
 
 Carrying out actions, in the order given:
 
@@ -270,7 +270,7 @@ def recover(spark_committed_through: int, decisions: Mapping[int, Sequence[Branc
     """Recovery at query start (or from ``lastagent recover``). Pure: no I/O, runs on the driver.
 
     A sink's start calls it before every epoch's tasks with ``roll_back_undecided=False``;
-    :meth:`~lastagent.committer.Committer.claim_and_recover` calls it after a claim. If the
+    :meth:`~lastagent.core.committer.Committer.claim_and_recover` calls it after a claim. If the
     arbitration cannot be read, do not call it: change nothing and retry at the next start.
 
     Args:

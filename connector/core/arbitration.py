@@ -27,7 +27,7 @@ from typing import Any, Protocol, TypeVar
 from lastagent.errors import LastAgentError
 from lastagent.storage import StorageConfig, location
 
-log = logging.getLogger("lastagent.arbitration")
+log = logging.getLogger("lastagent.core.arbitration")
 
 
 class ArbitrationError(LastAgentError):

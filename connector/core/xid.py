@@ -7,7 +7,7 @@ global transaction id (gtrid, at most :data:`MAXGTRIDSIZE` bytes) and the branch
 * gtrid = ``"<link>:<epoch>"`` (UTF-8): one global transaction per link and Spark epoch;
 * the epoch's global XID (the *gxid*, written in arbitration records) has an empty bqual; a branch
   is named by its Kafka transactional.id, with the producer id and epoch of its transaction
-  (:class:`lastagent.protocol.Branch`).
+  (:class:`lastagent.core.protocol.Branch`).
 
 Transactional ids are ``lastagent-<link>-<generation>-<partition>-<attempt>``: one per task
 partition and attempt of a run (the run's generation), reused by every epoch of the run, never

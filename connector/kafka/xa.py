@@ -10,7 +10,7 @@ rollback / recover by the transaction manager; Kafka keeps no heuristic outcome 
   task, even a SIGKILL of the process, until the driver ends it or the broker's
   ``transaction.timeout.ms`` expires it.
 * :class:`KafkaXAResource` runs on the driver (or in the ``lastagent`` command). It commits or
-  rolls back a branch by its handle with ``EndTxn`` (see :mod:`lastagent.kafka_wire`), lists
+  rolls back a branch by its handle with ``EndTxn`` (see :mod:`lastagent.kafka.wire`), lists
   the open transactions of a link from the broker, and reads the broker's transaction limits.
 """
 
@@ -26,9 +26,9 @@ from typing import Any, Protocol
 
 from lastagent import faults, redact
 from lastagent.errors import KafkaProtocolError, LastAgentError
-from lastagent.kafka_config import KafkaConfig, access_hint, as_librdkafka_strings
-from lastagent.kafka_retry import RETRIABLE_NAMES, KafkaUnavailableError, is_retriable
-from lastagent.kafka_wire import TransactionCoordinatorClient
+from lastagent.kafka.config import KafkaConfig, access_hint, as_librdkafka_strings
+from lastagent.kafka.retry import RETRIABLE_NAMES, KafkaUnavailableError, is_retriable
+from lastagent.kafka.wire import TransactionCoordinatorClient
 
 log = logging.getLogger("lastagent.kafka")
 
@@ -241,7 +241,7 @@ class BranchWriter:
 
     Args:
         client_config: librdkafka settings (bootstrap.servers, security, tuning).
-        transactional_id: the branch id (:func:`lastagent.xid.transactional_id`).
+        transactional_id: the branch id (:func:`lastagent.core.xid.transactional_id`).
         timeout_ms: the transaction timeout; the broker expires the branch after it.
         init_timeout_s: how long ``init_transactions`` may take.
 
@@ -513,7 +513,7 @@ class KafkaXAResource:
     coordinator or a leader moving, the transaction log short of in-sync replicas) within
     ``kafka.default.api.timeout.ms``, on a new client bootstrapped from any live broker
     (:meth:`TransactionCoordinatorClient.call`); only then does a call fail, with
-    :class:`~lastagent.kafka_retry.KafkaUnavailableError` naming the broker's condition.
+    :class:`~lastagent.kafka.retry.KafkaUnavailableError` naming the broker's condition.
 
     Args:
         client_config: kafka settings with the ``kafka.`` prefix removed (bootstrap.servers...).

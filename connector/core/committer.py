@@ -1,9 +1,9 @@
 """The driver's side of one link's epochs: decide, phase 2, abort, recovery. Driver side.
 
-The one interpreter of the protocol: the rules live in :mod:`lastagent.protocol` (pure); this
+The one interpreter of the protocol: the rules live in :mod:`lastagent.core.protocol` (pure); this
 module reads the arbitration store, the broker and Spark's checkpoint through three ports
-(:class:`~lastagent.arbitration.ArbitrationStore`, :class:`~lastagent.kafka_xa.XAResource`,
-:class:`~lastagent.checkpoint.CheckpointReader`), feeds what it finds to the rules, and carries
+(:class:`~lastagent.core.arbitration.ArbitrationStore`, :class:`~lastagent.kafka.xa.XAResource`,
+:class:`~lastagent.core.checkpoint.CheckpointReader`), feeds what it finds to the rules, and carries
 out the actions they return. The model check (tests/unit/test_protocol_model.py) runs this very
 class against in-memory ports that crash at every call.
 """
@@ -15,14 +15,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from lastagent import faults, protocol, xid
-from lastagent.arbitration import ArbitrationRecord, ArbitrationStore, DeltaArbitrationStore, Ownership, require_owner
-from lastagent.checkpoint import CheckpointReader, SparkCheckpoint
+from lastagent import faults
+from lastagent.core import protocol, xid
+from lastagent.core.arbitration import ArbitrationRecord, ArbitrationStore, DeltaArbitrationStore, Ownership, require_owner
+from lastagent.core.checkpoint import CheckpointReader, SparkCheckpoint
+from lastagent.core.protocol import Branch, CommitBranch, RollbackBranch, WriteDecision
 from lastagent.errors import LastAgentError, OptionError
-from lastagent.kafka_xa import BranchHandle, EndOutcome, EndResult, KafkaXAResource, XAResource
-from lastagent.protocol import Branch, CommitBranch, RollbackBranch, WriteDecision
+from lastagent.kafka.xa import BranchHandle, EndOutcome, EndResult, KafkaXAResource, XAResource
 
-log = logging.getLogger("lastagent.committer")
+log = logging.getLogger("lastagent.core.committer")
 
 
 class DecidedBranchLostError(LastAgentError):
@@ -102,7 +103,7 @@ class Committer:
         rolls nothing back; it only commits the open branches that a kept decision names (and
         stops on a decided branch that is lost: :class:`DecidedBranchLostError`). The undecided
         branches of earlier runs are rolled back after the new run's claim, by its first epoch's
-        commit (:func:`lastagent.protocol.commit_epoch`).
+        commit (:func:`lastagent.core.protocol.commit_epoch`).
 
         Args:
             owner: the Spark query id of the checkpoint; defaults to the one in ``checkpointLocation``.
@@ -138,7 +139,7 @@ class Committer:
         return ownership, self._recover(ownership, roll_back_undecided=True)
 
     def _recover(self, ownership: Ownership | None, roll_back_undecided: bool) -> int:
-        """Carries out :func:`lastagent.protocol.recover` over the store and the broker; returns the newest decided epoch."""
+        """Carries out :func:`lastagent.core.protocol.recover` over the store and the broker; returns the newest decided epoch."""
         latest = self.store.latest_epoch(self.link)
         generation = 0 if ownership is None else ownership.generation
         # A newer generation's branches are its run's; at a start every generation is looked at,
@@ -150,7 +151,7 @@ class Committer:
             return -1 if latest is None else latest
         decisions = {r.epoch: r for r in self.store.records(self.link)} if latest is not None else {}
         if latest is not None and latest not in decisions:
-            from lastagent.arbitration import ArbitrationError
+            from lastagent.core.arbitration import ArbitrationError
 
             raise ArbitrationError(f"link {self.link!r}: the record of its newest decided epoch {latest} cannot be "
                                    "read; nothing was changed")
@@ -177,7 +178,7 @@ class Committer:
         to write before the store existed (a ``lastagent-delta`` first run on an empty topic), which
         the store has a record of.
         """
-        from lastagent.arbitration import LinkMismatchError
+        from lastagent.core.arbitration import LinkMismatchError
 
         if self.store.ownership(self.link) is not None:
             return
@@ -252,7 +253,7 @@ class Committer:
         Reads the situation once, before anything changes: the link's open branches of this run's
         generation or earlier ones (one listing, with their start times), and the store's
         decisions when something beyond the prepared branches is open. Then carries out
-        :func:`lastagent.protocol.commit_epoch`: the decision (or the refusal when a branch is gone
+        :func:`lastagent.core.protocol.commit_epoch`: the decision (or the refusal when a branch is gone
         or too close to its timeout), phase 2 against the record that stands, and whatever failed
         attempts and earlier runs left open.
 

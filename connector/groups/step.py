@@ -1,5 +1,5 @@
 """Reliable-messaging groups as a Spark step: duplicate elimination and ordered delivery across
-at-least-once producers, by the WS-Reliability group rules of :mod:`lastagent.group_rules`.
+at-least-once producers, by the WS-Reliability group rules of :mod:`lastagent.groups.rules`.
 
 :func:`reliable_groups` runs on the driver and returns a DataFrame; the rules run on the
 executors in a ``transformWithStateInPandas`` operator whose keys are buckets of group ids (64), the
@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
-from lastagent import group_rules
 from lastagent.errors import LastAgentError, OptionError
-from lastagent.refusals import REFUSED_REASON, REFUSED_RULE
+from lastagent.groups import rules as group_rules
+from lastagent.groups.refusals import REFUSED_REASON, REFUSED_RULE
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -549,7 +549,7 @@ class _BucketProcessor(StatefulProcessor):
     """The rules for the group ids of one bucket per call, state in Spark's state store. Executor side.
 
     State per bucket: ``groups``, one value: ``[version, BUCKETS, registered timer, {group id: [deadline,
-    state]}]`` (compact JSON; the state as :func:`lastagent.group_rules.to_fields` gives it), and ``held``, an
+    state]}]`` (compact JSON; the state as :func:`lastagent.groups.rules.to_fields` gives it), and ``held``, an
     ordered group's held messages' rows by (group id, sequence number), each as :func:`held_bytes` stores it.
     One event-time timer per bucket (on the watermark that follows the micro-batches' time), at the earliest
     deadline of its groups.
@@ -671,7 +671,7 @@ class _BucketProcessor(StatefulProcessor):
 
     def _slow(self, frame: Any, plain: tuple[Any, Any, Any], positions: list[int], state: group_rules.GroupState,
               now: int, out: _Output) -> group_rules.GroupState:
-        """One group's messages of this call through :func:`lastagent.group_rules.receive`, one by one, in a
+        """One group's messages of this call through :func:`lastagent.groups.rules.receive`, one by one, in a
         deterministic order: by sequence number, then by Kafka partition and offset when the input has them.
         A plain row's message is made from its numbers (the plan sent no texts for it)."""
         import pandas as pd

@@ -1,6 +1,6 @@
 """OAUTHBEARER tokens for every Kafka client of one process: fetched once, shared, renewed before expiry.
 
-Driver or executor. A :class:`~lastagent.kafka_config.OAuth` login says where tokens come from: an
+Driver or executor. A :class:`~lastagent.kafka.config.OAuth` login says where tokens come from: an
 OIDC token endpoint (the OAuth 2.0 client-credentials grant, RFC 6749 §4.4, as the Java client's
 ``OAuthBearerLoginCallbackHandler`` asks it) or the user's own function
 (``kafka.sasl.oauthbearer.token.provider``, for tokens signed locally such as AWS MSK IAM's). Each of
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lastagent.errors import KafkaProtocolError
-from lastagent.kafka_config import OAuth
+from lastagent.kafka.config import OAuth
 
 #: A token is renewed when less than this share of its life is left; librdkafka asks again at 80% of a
 #: token's life (20% left), so it always gets a new one then.

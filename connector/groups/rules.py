@@ -2,7 +2,7 @@
 delivery, group termination and state removal (t1-t5). Pure: no I/O; runs wherever the group's
 state is (a Spark stateful operator's task, a test).
 
-Events in, actions out, like :mod:`lastagent.protocol`. All the state of one group id is a
+Events in, actions out, like :mod:`lastagent.core.protocol`. All the state of one group id is a
 :class:`GroupState` value. :func:`receive` takes a message and the time; :func:`advance` takes the
 time alone (a timer fired). Each returns the next state and the actions to carry out in order:
 

@@ -157,7 +157,7 @@ class Store:
 
 @dataclass(frozen=True)
 class OAuth:
-    """Where an OAUTHBEARER login gets its tokens (never a token itself; :mod:`lastagent.kafka_oauth` fetches them).
+    """Where an OAUTHBEARER login gets its tokens (never a token itself; :mod:`lastagent.kafka.oauth` fetches them).
 
     Either an OIDC client-credentials grant (``endpoint``, ``client_id``, ``client_secret``, ``scope``),
     as the Java client's ``OAuthBearerLoginCallbackHandler`` does, or ``provider``: the user's Python
@@ -347,7 +347,7 @@ class KafkaConfig(Mapping[str, str]):
             "bootstrap_timeout_ms": timeout_ms,
         }
         if sec.oauth is not None:
-            from lastagent.kafka_oauth import tokens
+            from lastagent.kafka.oauth import tokens
 
             out.update({"sasl_mechanism": "OAUTHBEARER", "sasl_oauth_token_provider": tokens(sec.oauth).kafka_python()})
         elif sec.sasl:
@@ -362,7 +362,7 @@ class KafkaConfig(Mapping[str, str]):
         OAUTHBEARER. Driver or executor; tokens are fetched when librdkafka asks."""
         if self.security.oauth is None:
             return None
-        from lastagent.kafka_oauth import tokens
+        from lastagent.kafka.oauth import tokens
 
         return tokens(self.security.oauth).native
 
@@ -370,7 +370,7 @@ class KafkaConfig(Mapping[str, str]):
         """``{"oauth_cb": ...}`` for a confluent-kafka client with OAUTHBEARER, else ``{}``."""
         if self.security.oauth is None:
             return {}
-        from lastagent.kafka_oauth import tokens
+        from lastagent.kafka.oauth import tokens
 
         return {"oauth_cb": tokens(self.security.oauth).confluent}
 
