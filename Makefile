@@ -154,6 +154,7 @@ bench: setup kafka-up
 	cd bench && ../$(PYTHON) row_rules.py | tee ../.cache/bench-row-rules.json
 	cd bench && ../$(PYTHON) objectstore_bench.py | tee ../.cache/bench-objectstore.json
 	cd bench && ../$(PYTHON) groups_bench.py | tee ../.cache/bench-groups.json
+	cd bench && ../$(PYTHON) groups_bench.py --curve | tee ../.cache/bench-groups-curve.json
 	cd bench && ../$(PYTHON) groups_overhead.py | tee ../.cache/bench-groups-overhead.json
 
 docs: setup

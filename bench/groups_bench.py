@@ -21,6 +21,18 @@ batch, as Spark's query progress reports them. A warm-up of each on the first fi
 BENCH_GROUP_RUNS (default 3) timed runs of each, the two alternating, each on a new checkpoint; the
 figures are the medians (every run's rows/s is listed too). Run with ``make bench`` (or
 ``python bench/groups_bench.py``). Prints JSON.
+
+``python bench/groups_bench.py --curve``: the state of both by group size instead. For each size in
+BENCH_CURVE_SIZES (default 1,8,64,1000 messages per group), a stream of BENCH_CURVE_ROWS distinct
+messages (default 128,000; the groups = rows / size) with the same 1 % of copies, read in two
+micro-batches, once by each query. Each message's ExpiryTime is a day after its event time, and the
+watermark's delay (BENCH_CURVE_WATERMARK, default 1 day) is longer than the stream's event-time span,
+as when copies may come within a day: ``dropDuplicatesWithinWatermark`` then keeps every message, as
+reliable groups keep every group until it ends. BENCH_CURVE_KINDS (default plain,group_expiry): plain
+messages, then the same with a GroupExpiryTime on each (not plain: the rules parse each message, and
+the group keeps its parameter). Its state is its SST bytes after the last batch, per message and as the ratio
+theirs / ours. A shorter delay keeps only the messages within it (a share f of them: theirs
+shrinks by about f; ours does not change).
 """
 
 from __future__ import annotations
@@ -48,17 +60,24 @@ ROWS_PER_FILE = int(os.environ.get("BENCH_ROWS_PER_FILE", "250000"))
 FILES_PER_TRIGGER = int(os.environ.get("BENCH_FILES_PER_TRIGGER", "2"))
 RUNS = int(os.environ.get("BENCH_GROUP_RUNS", "3"))
 SPAN_MS = 3_600_000
+DAY_MS = 86_400_000  # --curve: each message's ExpiryTime, after its event time
 WATERMARK = "10 minutes"
 T0 = 1_800_000_000_000  # event times from here; ExpiryTime far after the run (ms since the epoch)
 
 
-def write_stream(root: Path) -> tuple[int, int]:
-    """The stream as parquet files; returns (rows written, distinct messages)."""
+def write_stream(root: Path, total: int = ROWS, groups: int = GROUPS, rows_per_file: int = ROWS_PER_FILE,
+                 expiry_after: int | None = None, group_expiry: bool = False) -> tuple[int, int]:
+    """The stream as parquet files: ``total`` messages (rounded down to whole groups) of ``groups`` groups;
+    returns (rows written, distinct messages).
+
+    ``expiry_after``: each message's ExpiryTime is this long (ms) after its first send's event time (a copy
+    keeps its original's); None: one ExpiryTime far after the run for all. ``group_expiry``: a
+    GroupExpiryTime column too, a group's own (after every ExpiryTime of the stream), on each message."""
     rng = random.Random(2026)
-    per_group = ROWS // GROUPS
-    distinct = per_group * GROUPS
+    per_group = total // groups
+    distinct = per_group * groups
     dups = int(distinct * DUP_SHARE)
-    # Message i of the stream is number i // GROUPS of group i % GROUPS: the groups interleave.
+    # Message i of the stream is number i // groups of group i % groups: the groups interleave.
     order = list(range(distinct))
     resend_at = sorted(rng.sample(range(distinct), dups))
     value = rng.randbytes(100)
@@ -71,23 +90,33 @@ def write_stream(root: Path) -> tuple[int, int]:
             rows.append(resend_at[j])
             j += 1
     n = len(rows)
-    for f, start in enumerate(range(0, n, ROWS_PER_FILE)):
-        chunk = rows[start:start + ROWS_PER_FILE]
+    first: dict[int, int] = {}
+    if expiry_after is not None:
+        for p, i in enumerate(rows):
+            first.setdefault(i, p)
+    for f, start in enumerate(range(0, n, rows_per_file)):
+        chunk = rows[start:start + rows_per_file]
         positions = range(start, start + len(chunk))
-        table = pa.table({
-            "GroupId": pa.array([f"g{i % GROUPS}" for i in chunk]),
-            "SequenceNumber": pa.array([i // GROUPS for i in chunk], pa.int64()),
-            "ExpiryTime": pa.array([T0 + 10 * SPAN_MS] * len(chunk), pa.int64()),
+        expiries = [T0 + 10 * SPAN_MS] * len(chunk) if expiry_after is None else \
+            [T0 + first[i] * SPAN_MS // n + expiry_after for i in chunk]
+        columns = {
+            "GroupId": pa.array([f"g{i % groups}" for i in chunk]),
+            "SequenceNumber": pa.array([i // groups for i in chunk], pa.int64()),
+            "ExpiryTime": pa.array(expiries, pa.int64()),
             "event_time": pa.array([(T0 + p * SPAN_MS // n) * 1000 for p in positions], pa.timestamp("us", tz="UTC")),
             "value": pa.array([value] * len(chunk), pa.binary()),
-        })
+        }
+        if group_expiry:  # after every ExpiryTime of the stream, a second apart from group to group
+            last = T0 + SPAN_MS + (expiry_after or 10 * SPAN_MS)
+            columns["GroupExpiryTime"] = pa.array([last + 1000 * (i % groups) for i in chunk], pa.int64())
+        table = pa.table(columns)
         pq.write_table(table, root / f"part-{f:05d}.parquet")
     return n, distinct
 
 
-def run(spark, name: str, src: Path, ckpt: Path, build) -> dict:
+def run(spark, name: str, src: Path, ckpt: Path, build, files_per_trigger: int = FILES_PER_TRIGGER) -> dict:
     stream = spark.readStream.schema(spark.read.parquet(str(src)).schema) \
-        .option("maxFilesPerTrigger", FILES_PER_TRIGGER).parquet(str(src))
+        .option("maxFilesPerTrigger", files_per_trigger).parquet(str(src))
     from pyspark.sql import functions as F
 
     counted = build(stream).observe(f"{name}_rows", F.count("*").alias("n"))
@@ -106,9 +135,62 @@ def run(spark, name: str, src: Path, ckpt: Path, build) -> dict:
             "state_memory_bytes": last.get("memoryUsedBytes"), "batches": len(reports)}
 
 
-def main() -> int:
+def steps(watermark: str, group_expiry: bool = False) -> dict:
+    """The two queries' steps, by name; ``group_expiry``: the stream has a GroupExpiryTime column."""
     from lastagent import reliable_groups
 
+    fields = {"GroupId": "GroupId", "SequenceNumber": "SequenceNumber", "ExpiryTime": "ExpiryTime",
+              **({"GroupExpiryTime": "GroupExpiryTime"} if group_expiry else {})}
+    return {
+        "reliable_groups": lambda df: reliable_groups(df.drop("event_time"), columns=fields,
+                                                      headers_column=None, ordered=False),
+        "dropDuplicatesWithinWatermark": lambda df: df.withWatermark("event_time", watermark)
+        .dropDuplicatesWithinWatermark(["GroupId", "SequenceNumber"]),
+    }
+
+
+def curve() -> int:
+    """State of both by group size (``--curve``, module docstring). Prints JSON."""
+    total = int(os.environ.get("BENCH_CURVE_ROWS", "128000"))
+    sizes = [int(x) for x in os.environ.get("BENCH_CURVE_SIZES", "1,8,64,1000").split(",")]
+    watermark = os.environ.get("BENCH_CURVE_WATERMARK", "1 day")
+    kinds = os.environ.get("BENCH_CURVE_KINDS", "plain,group_expiry").split(",")
+    work = Path(tempfile.mkdtemp(prefix="lastagent-groups-curve-"))
+    try:
+        spark = local_session("lastagent-groups-bench", extra_conf={"spark.sql.streaming.stateStore.providerClass": ROCKSDB})
+        spark.sparkContext.setLogLevel("ERROR")
+        points = []
+        for kind, size in [(k, z) for k in kinds for z in sizes]:
+            src = work / f"stream-{kind}-{size}"
+            # Two files read one per micro-batch: two commits of the state store, as in a running query.
+            n, distinct = write_stream(src, total, max(1, total // size), rows_per_file=-(-total * 101 // 100 // 2),
+                                       expiry_after=DAY_MS, group_expiry=kind == "group_expiry")
+            point: dict = {"kind": kind, "messages_per_group": size, "groups": max(1, total // size), "rows": n,
+                           "distinct": distinct}
+            for name, build in steps(watermark, kind == "group_expiry").items():
+                r = run(spark, name, src, work / f"ckpt-{name}-{kind}-{size}", build, files_per_trigger=1)
+                if r["output_rows"] != distinct:
+                    print(f"{name}, {size} per group: {r['output_rows']} rows out, {distinct} distinct messages in",
+                          file=sys.stderr)
+                    return 1
+                point[name] = {"state_sst_bytes": r["state_sst_bytes"], "state_rows": r["state_rows"],
+                               "sst_bytes_per_message": round(r["state_sst_bytes"] / distinct, 2),
+                               "batches": r["batches"], "rows_per_s": r["rows_per_s"]}
+            ours, theirs = point["reliable_groups"], point["dropDuplicatesWithinWatermark"]
+            point["state_sst_bytes_ratio_theirs_over_ours"] = round(
+                theirs["state_sst_bytes"] / max(1, ours["state_sst_bytes"]), 2)
+            points.append(point)
+            print(json.dumps(point), file=sys.stderr)  # progress, one line per size
+        print(json.dumps({"rows": total, "duplicate_share": DUP_SHARE, "watermark": watermark,
+                          "expiry_after_ms": DAY_MS, "curve": points},
+                         indent=2))
+        spark.stop()
+        return 0
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="lastagent-groups-bench-"))
     try:
         n, distinct = write_stream(work / "stream")
@@ -118,18 +200,12 @@ def main() -> int:
             shutil.copy(f, warm / f.name)
         spark = local_session("lastagent-groups-bench", extra_conf={"spark.sql.streaming.stateStore.providerClass": ROCKSDB})
         spark.sparkContext.setLogLevel("ERROR")
-        steps = {
-            "reliable_groups": lambda df: reliable_groups(df.drop("event_time"), columns={
-                "GroupId": "GroupId", "SequenceNumber": "SequenceNumber", "ExpiryTime": "ExpiryTime"},
-                headers_column=None, ordered=False),
-            "dropDuplicatesWithinWatermark": lambda df: df.withWatermark("event_time", WATERMARK)
-            .dropDuplicatesWithinWatermark(["GroupId", "SequenceNumber"]),
-        }
-        for name, build in steps.items():
+        by_name = steps(WATERMARK)
+        for name, build in by_name.items():
             run(spark, name, warm, work / f"ckpt-warm-{name}", build)
-        runs: dict[str, list[dict]] = {name: [] for name in steps}
+        runs: dict[str, list[dict]] = {name: [] for name in by_name}
         for k in range(RUNS):  # alternating, so a slow minute of the machine falls on both
-            for name, build in steps.items():
+            for name, build in by_name.items():
                 r = run(spark, name, work / "stream", work / f"ckpt-{name}-{k}", build)
                 if r["output_rows"] != distinct:
                     print(f"{name}: {r['output_rows']} rows out, {distinct} distinct messages in", file=sys.stderr)
@@ -158,4 +234,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(curve() if sys.argv[1:] == ["--curve"] else main())

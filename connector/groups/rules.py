@@ -24,9 +24,10 @@ The rules follow the OASIS WS-RM TC's agreed resolution of issues Rel 52/57/82 (
   messages costs a few integers.
 * The termination parameters are ``GroupExpiryTime`` or ``GroupMaxIdleDuration``, never both:
   both is ``INVALID_GROUP_PARAMETER``. The values of the message with the highest sequence
-  number hold. A ``GroupExpiryTime`` below the ``max(ExpiryTime)`` of the group's messages is
-  refused (``INVALID_GROUP_PARAMETER``), and so is a message whose ``ExpiryTime`` is after its
-  group's ``GroupExpiryTime``.
+  number hold. A message carrying a ``GroupExpiryTime`` below its own ``ExpiryTime`` or below the
+  ``max(ExpiryTime)`` of the messages received for the group is refused
+  (``INVALID_GROUP_PARAMETER``) whatever its number, and so is a message whose ``ExpiryTime`` is
+  after the ``GroupExpiryTime`` the group uses. A copy of a message refused so is refused again.
 * Termination and removal of state are distinct events:
 
   - **t1**: ``GroupExpiryTime`` is over. The group terminates and its state is removed at once.
@@ -45,6 +46,9 @@ The rules follow the OASIS WS-RM TC's agreed resolution of issues Rel 52/57/82 (
   - **t5**: in an ordered group, a held message expires before delivery. The group terminates;
     its held messages are refused (rule ``t5``). Removal is by t1 or t2 for a group with
     parameters, at ``max(ExpiryTime)`` without.
+
+  Each deadline is taken at its own time, earliest first, however late :func:`advance` is called:
+  a held message that expired before the ``GroupExpiryTime`` ends its group by t5, not t1.
 
 * After termination, a message of the same group id is a duplicate when its number was accepted
   before. Otherwise it starts a new group when it is a ``start`` (number 0). Anything else is
@@ -208,6 +212,8 @@ class Generation:
         terminated: the rule that terminated it, or None while active.
         remove_at: when its state goes (set at termination).
         end_rule: ``t3.2`` or ``t4.2`` once an ``end`` arrived with the group incomplete.
+        refused: numbers refused ``INVALID_GROUP_PARAMETER`` against the group's values, as intervals: a
+            copy of one is refused again, though the group's ``GroupExpiryTime`` may have moved since.
     """
 
     number: int
@@ -224,6 +230,7 @@ class Generation:
     terminated: str | None = None
     remove_at: int | None = None
     end_rule: str | None = None
+    refused: Intervals = ()
 
     @property
     def complete(self) -> bool:
@@ -252,7 +259,7 @@ class GroupState:
     def size(self) -> int:
         """Integers kept: what the state costs, whatever the number of messages."""
         gens = [g for g in (self.active, *self.retired) if g is not None]
-        return 1 + sum(2 * len(g.accepted) + 8 + len(g.held) for g in gens) + (self.singleton_until is not None)
+        return 1 + sum(2 * len(g.accepted) + 2 * len(g.refused) + 8 + len(g.held) for g in gens) + (self.singleton_until is not None)
 
 
 def _refuse(m: Message, rule: str, reason: str) -> Refuse:
@@ -260,18 +267,30 @@ def _refuse(m: Message, rule: str, reason: str) -> Refuse:
 
 
 def _check_params(m: Message, g: Generation | None) -> Refuse | None:
-    """The parameter rules for an accepted-to-be message (a, b, c, d of the resolution)."""
+    """The parameter rules for an accepted-to-be message (a, b, c, d of the resolution).
+
+    A ``GroupExpiryTime`` a message carries is judged whatever its number, so that the outcome of a
+    message and of each copy of it does not hang on whether a higher number arrived first: below the
+    message's own ``ExpiryTime`` it is refused always (a: the sender "must not send a message in that
+    group with an ExpiryTime greater than the GroupExpiryTime"), below the ``max(ExpiryTime)`` of the
+    messages received for the group it is refused (d: "never less than max(ExpiryTime) of messages
+    received for the group"). Which value the group then uses is rule c's: the highest number's.
+    """
     if m.group_expiry is not None and m.group_max_idle is not None:
         return _refuse(m, "INVALID_GROUP_PARAMETER", "GroupExpiryTime and GroupMaxIdleDuration are both present")
     if m.group_max_idle is not None and m.group_max_idle <= 0:
         return _refuse(m, "INVALID_GROUP_PARAMETER", f"GroupMaxIdleDuration {m.group_max_idle} is not positive")
+    if m.group_expiry is not None and m.expiry > m.group_expiry:
+        return _refuse(m, "INVALID_GROUP_PARAMETER",
+                       f"ExpiryTime is after GroupExpiryTime (the message's own: {m.expiry} > {m.group_expiry})")
     if g is None:
-        if m.group_expiry is not None and m.expiry > m.group_expiry:
-            return _refuse(m, "INVALID_GROUP_PARAMETER", "ExpiryTime is after GroupExpiryTime")
         return None
     if m.group_expiry is not None and g.group_max_idle is not None or \
             m.group_max_idle is not None and g.group_expiry is not None:
         return _refuse(m, "INVALID_GROUP_PARAMETER", "the group's termination parameter cannot change kind")
+    if m.group_expiry is not None and m.group_expiry < g.max_expiry:
+        return _refuse(m, "INVALID_GROUP_PARAMETER",
+                       f"GroupExpiryTime {m.group_expiry} is below max(ExpiryTime) {g.max_expiry} of the group")
     takes = (m.group_expiry is not None or m.group_max_idle is not None) and m.seq is not None and \
         m.seq > g.params_seq
     expiry = m.group_expiry if takes and m.group_expiry is not None else g.group_expiry
@@ -298,6 +317,10 @@ def receive(state: GroupState, m: Message, now: int, limits: Limits = NO_LIMITS)
     for g in (*state.retired, state.active):
         if g is not None and contains(g.accepted, m.seq):
             return state, [*actions, Duplicate(m)]
+    for g in (*state.retired, state.active):
+        if g is not None and contains(g.refused, m.seq):
+            return state, [*actions, _refuse(m, "INVALID_GROUP_PARAMETER", f"a copy of sequence number {m.seq}, "
+                                                                           "refused before for its group parameters")]
     if m.expiry <= now:
         return state, [*actions, _refuse(m, "expired", f"ExpiryTime {m.expiry} passed before it arrived")]
     g = state.active
@@ -314,7 +337,10 @@ def receive(state: GroupState, m: Message, now: int, limits: Limits = NO_LIMITS)
     else:
         bad = _check_params(m, g)
         if bad is not None:
-            return state, [*actions, bad]
+            # Remembered, so that a copy gets the same outcome whatever arrives between (a higher number
+            # may raise the group's GroupExpiryTime above this message's ExpiryTime).
+            active = replace(g, refused=add(g.refused, m.seq))
+            return replace(state, active=active), [*actions, bad]
     if g.end is not None and m.seq > g.end:
         return state, [*actions, _refuse(m, "beyond-end", f"sequence number {m.seq} is after the end, {g.end}")]
     if m.status == "end" and g.end is not None and m.seq != g.end:
@@ -367,6 +393,9 @@ def receive_plain(state: GroupState, seqs: list[int], expiries: list[int], now: 
     g = state.active
     if g is None and state.retired or g is not None and (g.ordered or g.end is not None):
         return None
+    if any(r.refused for r in state.retired) or g is not None and (g.refused or g.group_expiry is not None and any(
+            e > g.group_expiry for e in expiries)):
+        return None  # a refusal to remember, or a copy of a refused number: receive() keeps them
     # After the one advance, none is due within the batch at the same ``now``: a message accepted now sets
     # last_seen = now and an ExpiryTime > now, and only messages can change the rest.
     kept = [r.accepted for r in state.retired]
@@ -394,9 +423,6 @@ def receive_plain(state: GroupState, seqs: list[int], expiries: list[int], now: 
             outcomes.append(DUPLICATE)
         elif expiry <= now:
             outcomes.append(("expired", f"ExpiryTime {expiry} passed before it arrived"))
-        elif group_expiry is not None and group_expiry < max(max_expiry, expiry):
-            outcomes.append(("INVALID_GROUP_PARAMETER", f"GroupExpiryTime {group_expiry} is below max(ExpiryTime) "
-                                                        f"{max(max_expiry, expiry)} of the group"))
         else:
             accepted = (*accepted[:-1], (accepted[-1][0], seq)) if seq == last + 1 else add(accepted, seq)
             last = max(last, seq)
@@ -461,7 +487,28 @@ def _due_rule(g: Generation, now: int, limits: Limits) -> str | None:
 
 
 def advance(state: GroupState, now: int, limits: Limits = NO_LIMITS) -> tuple[GroupState, list[Action]]:
-    """The time is ``now`` (a timer fired, or a message arrives): terminations and removals that are due."""
+    """The time is ``now`` (a timer fired, or a message arrives): terminations and removals that are due.
+
+    Each deadline that passed is taken at its own time, earliest first, as if a timer had fired at
+    each: the caller may look late (Spark's timers fire on a watermark that moves with micro-batches),
+    and when a held message's ``ExpiryTime`` passed before the ``GroupExpiryTime``, the group ended by
+    t5 then, whatever else passed since.
+    """
+    actions: list[Action] = []
+    # Each step terminates the active group or removes something kept: at most this many.
+    for _ in range(len(state.retired) + 3):
+        due = deadline(state, limits)
+        if due is None or due >= now:
+            break
+        state, step = _advance_at(state, due, limits)
+        actions.extend(step)
+    state, step = _advance_at(state, now, limits)
+    actions.extend(step)
+    return state, actions
+
+
+def _advance_at(state: GroupState, now: int, limits: Limits) -> tuple[GroupState, list[Action]]:
+    """What is due at ``now``, every deadline before it already taken."""
     actions: list[Action] = []
     g = state.active
     if g is not None:
@@ -524,13 +571,15 @@ def _message_fields(m: Message) -> list[Any]:
 def _generation_fields(g: Generation) -> list[Any]:
     return [g.number, [list(i) for i in g.accepted], g.end, g.group_expiry, g.group_max_idle, g.params_seq,
             g.max_expiry, g.last_seen, int(g.ordered), g.next_seq, [_message_fields(h) for h in g.held],
-            g.terminated, g.remove_at, g.end_rule]
+            g.terminated, g.remove_at, g.end_rule, *([[list(i) for i in g.refused]] if g.refused else [])]
 
 
 def _generation(group: str, f: list[Any]) -> Generation:
     held = tuple(Message(group, h[0], h[1], h[2], h[3], h[4], bool(h[5])) for h in f[10])
+    # A 15th field, the refused numbers, only when there are some (states written before it have 14).
+    refused = tuple((a, b) for a, b in f[14]) if len(f) > 14 else ()
     return Generation(f[0], tuple((a, b) for a, b in f[1]), f[2], f[3], f[4], f[5], f[6], f[7], bool(f[8]), f[9],
-                      held, f[11], f[12], f[13])
+                      held, f[11], f[12], f[13], refused)
 
 
 def to_fields(state: GroupState) -> list[Any]:

@@ -569,6 +569,10 @@ class _BucketProcessor(StatefulProcessor):
 
     def _load(self) -> tuple[int | None, dict[str, list[Any]]]:
         """The bucket's registered timer and its groups' ``[deadline, state fields]``."""
+        # exists() first: Spark's state server logs a warning for every get() of a value that is not there
+        # (each bucket's first batch), and a healthy run's log should have none. One round trip more per call.
+        if not self.state.exists():
+            return None, {}
         stored = self.state.get()
         return (None, {}) if stored is None else _decode_bucket(bytes(stored[0]))
 

@@ -24,6 +24,8 @@ from lastagent.groups.rules import (
     advance,
     contains,
     deadline,
+    decode,
+    encode,
     receive,
     run,
 )
@@ -146,7 +148,8 @@ def test_ordered_groups_release_in_order_when_the_gap_fills():
 @pytest.mark.parametrize("first, later, why", [
     (msg(0, group_expiry=900, group_max_idle=10), None, "both present"),
     (msg(0, expiry=950, group_expiry=900), None, "ExpiryTime is after GroupExpiryTime"),
-    (msg(0, expiry=500, group_expiry=2000), msg(1, expiry=600, group_expiry=550), "below max(ExpiryTime)"),
+    (msg(0, expiry=500, group_expiry=2000), msg(1, expiry=600, group_expiry=550), "ExpiryTime is after GroupExpiryTime"),
+    (msg(0, expiry=500, group_expiry=2000), msg(1, expiry=400, group_expiry=450), "below max(ExpiryTime)"),
     (msg(0, expiry=500, group_expiry=2000), msg(1, expiry=600, group_max_idle=5), "cannot change kind"),
 ])
 def test_invalid_group_parameter(first, later, why):
@@ -154,6 +157,49 @@ def test_invalid_group_parameter(first, later, why):
     if later is not None:
         state, out = receive(state, later, 1)
     assert isinstance(out[-1], Refuse) and out[-1].rule == "INVALID_GROUP_PARAMETER" and why in out[-1].reason
+
+
+def test_a_held_message_that_expired_first_ends_its_group_by_t5_however_late_the_look():
+    """The held message's ExpiryTime (500) passes before the GroupExpiryTime (800); the rules next look at
+    1000, after both: t5 (its triggering event came first), not t1."""
+    ge = 800
+    state, out = run([(0, msg(0, ordered=True, expiry=700, group_expiry=ge)),
+                      (1, msg(2, ordered=True, expiry=500, group_expiry=ge))], G)
+    assert kinds(out) == [("Deliver", 0), ("Hold", 2)]
+    for look in (advance, lambda st, now: receive(st, msg(5, expiry=2000), now)):  # a timer, or a message
+        _, out = look(state, 1000)
+        assert [a for a in out if isinstance(a, Terminate)] == [Terminate(G, 1, "t5")]
+        assert [(a.message.seq, a.rule) for a in out if isinstance(a, Refuse)][0] == (2, "t5")
+        # Removal is t1's, at the GroupExpiryTime, which passed too.
+        assert [a for a in out if isinstance(a, Remove)] == [Remove(G, 1, "t5")]
+    # Looked at between the two times, the same.
+    _, out = advance(state, 600)
+    assert [a for a in out if isinstance(a, Terminate)] == [Terminate(G, 1, "t5")]
+
+
+@pytest.mark.parametrize("between", [[], [msg(2, group_expiry=5000)], [msg(2, group_expiry=5000), msg(3, expiry=900)]])
+def test_copies_of_a_message_get_one_outcome_whatever_arrives_between(between):
+    """Message 1 carries a GroupExpiryTime (600) below its own ExpiryTime (700): refused, and each copy of it,
+    whether or not a higher number (whose value the group then uses) arrived before it."""
+    first = msg(0, expiry=500, group_expiry=2000)
+    bad = msg(1, expiry=700, group_expiry=600)
+    for order in ([first, bad, *between, bad, bad], [first, *between, bad, bad]):
+        _, out = run([(t, m) for t, m in enumerate(order)], G)
+        got = [a.rule if isinstance(a, Refuse) else type(a).__name__ for a in out
+               if isinstance(a, (Deliver, Duplicate, Refuse)) and a.message.seq == 1]
+        assert got and set(got) == {"INVALID_GROUP_PARAMETER"}, (order, got)
+
+
+def test_a_copy_of_a_message_refused_against_the_groups_value_is_refused_again():
+    """Message 1 (ExpiryTime 3000, carrying no GroupExpiryTime) is after the value the group uses (2000, from
+    number 2) and is refused; number 3 then raises the group's value to 5000. A copy of 1 is still refused, the
+    rule the same: one outcome for the copies of one message."""
+    history = [msg(0, expiry=500, group_expiry=2000), msg(2, expiry=500, group_expiry=2000), msg(1, expiry=3000),
+               msg(3, expiry=500, group_expiry=5000), msg(1, expiry=3000)]
+    state, out = run([(t, m) for t, m in enumerate(history)], G)
+    assert [a.rule for a in out if isinstance(a, Refuse)] == ["INVALID_GROUP_PARAMETER"] * 2
+    assert state.active is not None and state.active.refused == ((1, 1),)
+    assert decode(G, encode(state)) == state  # remembered in the stored state
 
 
 def test_parameters_come_from_the_highest_sequence_number():
@@ -338,7 +384,9 @@ def test_plain_messages_take_the_short_way_to_the_same_state_and_outcomes(seed):
                 declined += 1
                 after, _ = advance(state, now, limits)
                 g = after.active
-                assert (g is None and after.retired) or (g is not None and (g.ordered or g.end is not None))
+                assert (g is None and after.retired) or (g is not None and (g.ordered or g.end is not None)) or \
+                    any(r.refused for r in after.retired) or g is not None and (g.refused or (
+                        g.group_expiry is not None and max(expiries) > g.group_expiry))
                 break
             took += 1
             expected = _fold_plain(state, seqs, expiries, now, limits)
