@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from lastagent import reliable_groups
-from lastagent.reliable import REFUSED_REASON, REFUSED_RULE, ROCKSDB
+from lastagent.groups.step import REFUSED_REASON, REFUSED_RULE, ROCKSDB
 
 pytestmark = pytest.mark.integration
 
