@@ -88,7 +88,7 @@ run: setup kafka-up
 # Every tier but the two cluster tiers and the soak (make test-cluster, make test-kafka-cluster, make
 # test-soak): with them the run would pass its 40-minute budget on a 2-core machine.
 test: setup lint
-	$(PYTEST) tests -m "not soak and not cluster and not kafka_cluster"
+	$(PYTEST) tests -m "not soak and not cluster and not kafka_cluster" --durations=40
 
 # Zero findings: ruff on the tree, mypy on the package as installed (py.typed), clippy on native/ (every
 # unsafe block documented: clippy::undocumented_unsafe_blocks). Clippy reuses setup's build (about 10 s).
