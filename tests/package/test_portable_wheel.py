@@ -1,0 +1,105 @@
+"""The portable wheel (``make wheels``) where there is no compiler, and the sdist where there is no toolchain.
+
+- The x86_64 ``manylinux_2_28`` wheel from ``dist/``: ``auditwheel show`` accepts it (the manylinux tag, no
+  library outside the policy's allow-list), and installed with ``--no-deps`` into a fresh virtualenv whose
+  PATH has no ``cargo`` or ``rustc``, ``lastagent._native`` loads and ``lastagent --version`` prints the
+  librdkafka and the static OpenSSL inside. A few seconds; skipped when ``dist/`` has no such wheel (run
+  ``make wheels``, about 10 minutes the first time).
+- The sdist installed where ``cargo`` is missing fails with lastagent's message naming the wheels, not a
+  build tool's trace (setup.py). About 15 seconds (pip fetches the build requirements).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.package
+
+ROOT = Path(__file__).resolve().parents[2]
+NO_TOOLCHAIN_PATH = os.pathsep.join(["/usr/local/bin", "/usr/bin", "/bin"])
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYTHON", "LASTAGENT_", "VIRTUAL_ENV", "CARGO", "RUSTUP"))}
+    env["PATH"] = NO_TOOLCHAIN_PATH
+    for tool in ("cargo", "rustc"):
+        assert shutil.which(tool, path=NO_TOOLCHAIN_PATH) is None, f"{tool} is on {NO_TOOLCHAIN_PATH}: not a clean check"
+    return env
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _portable_wheel() -> Path:
+    wheels = sorted((ROOT / "dist").glob("lastagent-*-cp310-abi3-manylinux_2_28_x86_64.whl"))
+    if not wheels:
+        pytest.skip("no dist/lastagent-*-cp310-abi3-manylinux_2_28_x86_64.whl: run make wheels")
+    return wheels[-1]
+
+
+def test_auditwheel_accepts_the_portable_wheel():
+    wheel = _portable_wheel()
+    auditwheel = ROOT / ".cache" / "wheel-tools" / "bin" / "auditwheel"
+    if not auditwheel.exists():
+        pytest.skip("no .cache/wheel-tools/bin/auditwheel: run make wheels")
+    done = _run([str(auditwheel), "show", str(wheel)], ROOT, dict(os.environ))
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = " ".join((done.stdout + done.stderr).split())
+    # auditwheel names the most compatible tag the symbols allow (2.28 or older) and, when the extension
+    # needs a library outside the allow-list, says so and lists it.
+    tag = re.search(r'platform tag:? "manylinux_(\d+)_(\d+)_x86_64"', text)
+    assert tag, text
+    assert (int(tag.group(1)), int(tag.group(2))) <= (2, 28), text
+    assert "system-provided shared libraries" not in text or "requires the external shared" not in text, text
+    assert "external versioned symbols" not in text, text
+
+
+def test_portable_wheel_loads_without_a_toolchain(tmp_path):
+    wheel = _portable_wheel()
+    env = _env()
+    users = tmp_path / "users-venv"
+    venv.create(users, with_pip=True)
+    python = str(users / "bin" / "python")
+    done = _run([python, "-m", "pip", "install", "-q", "--no-deps", "--only-binary", ":all:", str(wheel)], tmp_path, env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    loaded = _run([python, "-c", "import lastagent._native as n; print(n.__file__, n.librdkafka_version())"], work, env)
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.startswith(str(users)) and "_native.abi3.so" in loaded.stdout, loaded.stdout
+    version = _run([str(users / "bin" / "lastagent"), "--version"], work, env)
+    assert version.returncode == 0, version.stdout + version.stderr
+    out = version.stdout
+    assert "lastagent 0.1.0" in out, out
+    features = re.search(r"librdkafka 2\.12\.1 \(builtin.features: ([^)]*)\)", out)
+    assert features, out
+    for feature in ("ssl", "sasl_scram", "sasl_oauthbearer", "zstd", "gzip", "snappy", "lz4"):
+        assert feature in features.group(1).split(","), out
+    # The static OpenSSL 3 of the wheel (openssl-src), not the system's (whose OPENSSLDIR is /usr/lib/ssl here).
+    assert re.search(r"^OpenSSL 3\.\d+\.\d+ .*OPENSSLDIR: \"/usr/local/ssl\"", out, re.M), out
+    assert "pyspark not importable" in out, out  # --no-deps: no pyspark in this virtualenv
+
+
+def test_the_sdist_without_cargo_says_to_use_a_wheel(tmp_path):
+    sdist_dir = tmp_path / "sdist"
+    made = _run([sys.executable, "setup.py", "-q", "sdist", "-d", str(sdist_dir)], ROOT, dict(os.environ))
+    shutil.rmtree(ROOT / "build", ignore_errors=True)
+    assert made.returncode == 0, made.stdout + made.stderr
+    sdist = next(sdist_dir.glob("lastagent-*.tar.gz"))
+    users = tmp_path / "users-venv"
+    venv.create(users, with_pip=True)
+    done = _run([str(users / "bin" / "python"), "-m", "pip", "install", "--no-deps", str(sdist)], tmp_path, _env())
+    assert done.returncode != 0
+    out = done.stdout + done.stderr
+    assert "needs a Rust toolchain" in out and "pip install --only-binary lastagent lastagent" in out, out
+    assert "Traceback" not in out and "can't find Rust compiler" not in out, out
