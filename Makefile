@@ -15,7 +15,7 @@ LOG       := .cache/setup.log
 # cargo built before (a fresh build of librdkafka, Arrow and PyO3 takes about 2 minutes).
 export CARGO_TARGET_DIR := $(CURDIR)/.cache/cargo-target
 
-.PHONY: setup run test test-unit test-integration test-chaos test-chaos-full test-wheel test-cluster test-kafka-cluster test-connect test-notebook test-soak soak lint kafka-up kafka-down kafka-up-secured kafka-down-secured kafka-up-cluster kafka-down-cluster s3-up s3-down bench clean docs
+.PHONY: setup wheels run test test-unit test-integration test-chaos test-chaos-full test-wheel test-cluster test-kafka-cluster test-connect test-notebook test-soak soak lint kafka-up kafka-down kafka-up-secured kafka-down-secured kafka-up-cluster kafka-down-cluster s3-up s3-down bench clean docs
 
 setup: $(VENV)/.installed .cache/kafka/jars/.complete .cache/spark/jars/.complete .cache/s3/jars/.complete \
        .cache/spark/s3a-jars/.complete
@@ -36,6 +36,31 @@ $(VENV)/.installed: $(VENV)/.deps $(SOURCES)
 	@echo "setup: building and installing lastagent (Rust extension native/ included; log: $(LOG))"
 	@rm -rf build  # setuptools' build dir would carry modules removed from the tree into the wheel
 	@$(PIP) install -q --no-deps --force-reinstall . >>$(LOG) 2>&1 || (tail -30 $(LOG); exit 1)
+	@touch $@
+
+# Portable wheels (docs/install.md): manylinux_2_28, cp310-abi3, for each of WHEEL_ARCHS, into dist/, without
+# Docker: cargo-zigbuild and zig (from PyPI) as C compiler and linker against glibc 2.28, OpenSSL and zlib built
+# from source and linked in statically (native/ feature `portable`); checked by auditwheel show.
+# About 10 minutes per architecture on a 2-core machine the first time (OpenSSL, librdkafka); its own cargo
+# target dir (.cache/wheel-target), so make setup's build is not redone. Needs cargo and rustup's standard
+# library for each architecture (rustup target add aarch64-unknown-linux-gnu).
+WHEEL_ARCHS ?= x86_64 aarch64
+WHEEL_TOOLS := .cache/wheel-tools
+
+wheels: $(WHEEL_TOOLS)/.installed
+	@command -v cargo >/dev/null || { echo "wheels: cargo not found: install a Rust toolchain with rustup (https://rustup.rs)"; exit 1; }
+	@for arch in $(WHEEL_ARCHS); do \
+	  rustc --print sysroot | xargs -I{} test -d {}/lib/rustlib/$$arch-unknown-linux-gnu/lib || rustup target add $$arch-unknown-linux-gnu \
+	    || { echo "wheels: no Rust standard library for $$arch (rustup target add $$arch-unknown-linux-gnu failed)"; exit 1; }; \
+	done
+	$(WHEEL_TOOLS)/bin/python dev/build_wheels.py $(addprefix --arch ,$(WHEEL_ARCHS)) --out dist
+
+# The wheel tools, pinned; not setuptools-rust (the Python part is built without it, dev/build_wheels.py).
+$(WHEEL_TOOLS)/.installed: Makefile
+	@mkdir -p .cache
+	@test -x $(WHEEL_TOOLS)/bin/python || $(PY) -m venv $(WHEEL_TOOLS)
+	@$(WHEEL_TOOLS)/bin/pip install -q "ziglang==0.17.1" "cargo-zigbuild==0.24.1" "auditwheel==6.8.2" \
+	  "setuptools==84.2.1" "wheel==0.48.0"
 	@touch $@
 
 .cache/kafka/jars/.complete:
@@ -161,4 +186,4 @@ docs: setup
 	$(PYTHON) -m lastagent.options_doc > docs/options.md
 
 clean:
-	rm -rf $(VENV) .cache build *.egg-info
+	rm -rf $(VENV) .cache build dist *.egg-info

@@ -57,11 +57,10 @@ def test_auditwheel_accepts_the_portable_wheel():
     text = " ".join((done.stdout + done.stderr).split())
     # auditwheel names the most compatible tag the symbols allow (2.28 or older) and, when the extension
     # needs a library outside the allow-list, says so and lists it.
-    tag = re.search(r'platform tag:? "manylinux_(\d+)_(\d+)_x86_64"', text)
+    tag = re.search(r'consistent with the following platform tag: "manylinux_(\d+)_(\d+)_x86_64"', text)
     assert tag, text
     assert (int(tag.group(1)), int(tag.group(2))) <= (2, 28), text
-    assert "system-provided shared libraries" not in text or "requires the external shared" not in text, text
-    assert "external versioned symbols" not in text, text
+    assert "external shared libraries" not in text, text  # "The following external shared libraries are required"
 
 
 def test_portable_wheel_loads_without_a_toolchain(tmp_path):
