@@ -10,6 +10,7 @@ Examples::
     lastagent recover ... --commit lastagent-orders-3-0   # by hand: the operator decides
     lastagent recover ... --accept-lost 41        # a decided epoch's expired branch: accept the loss
     lastagent status ... --command-config client.properties  # a secured cluster, as Kafka's own tools
+    lastagent --version                           # lastagent, librdkafka (and its features), OpenSSL
 
 ``--command-config`` reads a Java properties file of Kafka client settings (the ``kafka.*`` options
 without the prefix: ``security.protocol``, ``sasl.jaas.config``, ``ssl.truststore.location``...), so
@@ -131,8 +132,65 @@ def _print_in_doubt(branches: list[dict[str, Any]]) -> None:
               f"{','.join(b['partitions'])}  -> {b['decision']} ({why})")
 
 
+def version_text() -> tuple[str, bool]:
+    """What ``lastagent --version`` prints, and whether the compiled Kafka path loaded: lastagent's
+    version, the librdkafka and OpenSSL linked into ``lastagent._native`` (a portable wheel carries
+    its own static OpenSSL: its OPENSSLDIR is not the system's), and the Python running them."""
+    import platform
+
+    import lastagent
+
+    lines = [f"lastagent {lastagent.__version__}"]
+    try:
+        from lastagent import _native
+    except ImportError as exc:
+        lines.append(f"lastagent._native: cannot be loaded ({exc}); install a wheel built for this platform "
+                     "(docs/install.md)")
+        ok = False
+    else:
+        ssl_version, ssl_dir = _native.openssl_version()
+        lines.append(f"librdkafka {_native.librdkafka_version()} (builtin.features: {_native.librdkafka_features()})")
+        lines.append(f"{ssl_version} ({ssl_dir})")
+        lines.append(f"native module: {_native.__file__}")
+        ok = True
+    lines.append(f"Python {platform.python_version()} ({platform.python_implementation()}), "
+                 f"{platform.machine()}, glibc {platform.libc_ver()[1] or '?'}")
+    lines.append(_spark_discovery())
+    return "\n".join(lines), ok
+
+
+def _spark_discovery() -> str:
+    """Whether this Python's Spark finds the two formats: Spark 4 registers each importable top-level module
+    named ``pyspark_*`` that has a ``DefaultSource``; looked up here without importing pyspark's JVM side."""
+    import importlib.util
+
+    modules = ["pyspark_lastagent_kafka", "pyspark_lastagent_delta"]
+    found = [m for m in modules if importlib.util.find_spec(m) is not None]
+    where = "found" if len(found) == len(modules) else f"MISSING: {', '.join(sorted(set(modules) - set(found)))}"
+    try:
+        import pyspark
+    except ImportError:
+        spark = "pyspark not importable in this Python (the Spark runtime's Python must have lastagent installed)"
+    else:
+        major = int(str(pyspark.__version__).split(".")[0])
+        spark = f"pyspark {pyspark.__version__}" + ("" if major >= 4 else ": Spark 4.0 or newer is needed")
+    return f"Spark formats lastagent-kafka, lastagent-delta ({', '.join(modules)}): {where}; {spark}"
+
+
+class _Version(argparse.Action):
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the versions of lastagent, librdkafka and OpenSSL")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        text, ok = version_text()
+        print(text)
+        parser.exit(0 if ok else 1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lastagent", description="Inspect and recover lastagent links.")
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in (("status", "epochs, in-doubt branches, arbitration size"),
                        ("recover", "list in-doubt branches and the decision each would get; act on them")):

@@ -711,12 +711,63 @@ fn librdkafka_version() -> String {
     unsafe { text(rd::rd_kafka_version_str()) }
 }
 
+/// librdkafka's `builtin.features` of this build, e.g. "gzip,snappy,ssl,sasl,...,zstd,...".
+#[pyfunction]
+fn librdkafka_features() -> String {
+    let name = c"builtin.features";
+    // SAFETY: no precondition; never null (librdkafka aborts when out of memory); ours, destroyed
+    // below once both reads are done.
+    let conf = unsafe { rd::rd_kafka_conf_new() };
+    let mut size: usize = 0;
+    // SAFETY: conf is live and ours; name is NUL-terminated; a null dest asks only for the size
+    // (with the NUL), written to size.
+    let res = unsafe { rd::rd_kafka_conf_get(conf, name.as_ptr(), ptr::null_mut(), &mut size) };
+    let mut buf = vec![0 as c_char; size.max(1)];
+    let mut len = buf.len();
+    let ok = res == rd::rd_kafka_conf_res_t::RD_KAFKA_CONF_OK && {
+        // SAFETY: conf is live and ours; buf is writable for len bytes; librdkafka writes at most
+        // len bytes, NUL-terminated.
+        let res = unsafe { rd::rd_kafka_conf_get(conf, name.as_ptr(), buf.as_mut_ptr(), &mut len) };
+        res == rd::rd_kafka_conf_res_t::RD_KAFKA_CONF_OK
+    };
+    let features = if ok {
+        // SAFETY: buf holds a NUL-terminated text (zeroed before, so never unterminated).
+        unsafe { text(buf.as_ptr()) }
+    } else {
+        String::new()
+    };
+    // SAFETY: conf is ours (never given to rd_kafka_new), destroyed once, not used after.
+    unsafe { rd::rd_kafka_conf_destroy(conf) };
+    features
+}
+
+extern "C" {
+    /// OpenSSL's libcrypto (1.1.0 and later), linked in through rdkafka-sys's `ssl` feature
+    /// (openssl-sys): the system's library in a development build, a static copy in a portable
+    /// wheel (`portable` feature).
+    fn OpenSSL_version(kind: c_int) -> *const c_char;
+}
+
+/// The OpenSSL librdkafka runs with: its version text and the directory it was configured with
+/// (OPENSSLDIR, where it looks for its default CA certificates), e.g.
+/// ("OpenSSL 3.6.3 ...", "OPENSSLDIR: \"/usr/lib/ssl\"").
+#[pyfunction]
+fn openssl_version() -> (String, String) {
+    // OPENSSL_VERSION and OPENSSL_DIR in opensslv.h / crypto.h.
+    const OPENSSL_VERSION: c_int = 0;
+    const OPENSSL_DIR: c_int = 4;
+    // SAFETY: any kind is accepted; the result is a static NUL-terminated string; text copies it.
+    unsafe { (text(OpenSSL_version(OPENSSL_VERSION)), text(OpenSSL_version(OPENSSL_DIR))) }
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RangeConsumer>()?;
     m.add_class::<ArrowBatch>()?;
     m.add_class::<producer::BranchProducer>()?;
     m.add_function(wrap_pyfunction!(librdkafka_version, m)?)?;
+    m.add_function(wrap_pyfunction!(librdkafka_features, m)?)?;
+    m.add_function(wrap_pyfunction!(openssl_version, m)?)?;
     oauth::watch_shutdown(m.py())?;
     m.add("NativeKafkaError", m.py().get_type::<NativeKafkaError>())?;
     m.add("SettingRefused", m.py().get_type::<SettingRefused>())?;
