@@ -5,8 +5,8 @@
   PATH has no ``cargo`` or ``rustc``, ``lastagent._native`` loads and ``lastagent --version`` prints the
   librdkafka and the static OpenSSL inside. A few seconds; skipped when ``dist/`` has no such wheel (run
   ``make wheels``, about 10 minutes the first time).
-- The sdist installed where ``cargo`` is missing fails with lastagent's message naming the wheels, not a
-  build tool's trace (setup.py). About 15 seconds (pip fetches the build requirements).
+- The sdist built where ``cargo`` is missing fails with lastagent's message naming the wheels, not a
+  build tool's trace (setup.py). About 2 seconds.
 """
 
 from __future__ import annotations
@@ -90,14 +90,18 @@ def test_portable_wheel_loads_without_a_toolchain(tmp_path):
 
 
 def test_the_sdist_without_cargo_says_to_use_a_wheel(tmp_path):
+    """The sdist's own build step (what pip runs after fetching the build requirements; through pip the same
+    text shows under "Building wheel for lastagent (pyproject.toml) did not run successfully"), with no cargo
+    on PATH. The build hook is called directly so that no build requirements are fetched (about 2 s)."""
     sdist_dir = tmp_path / "sdist"
     made = _run([sys.executable, "setup.py", "-q", "sdist", "-d", str(sdist_dir)], ROOT, dict(os.environ))
     shutil.rmtree(ROOT / "build", ignore_errors=True)
     assert made.returncode == 0, made.stdout + made.stderr
     sdist = next(sdist_dir.glob("lastagent-*.tar.gz"))
-    users = tmp_path / "users-venv"
-    venv.create(users, with_pip=True)
-    done = _run([str(users / "bin" / "python"), "-m", "pip", "install", "--no-deps", str(sdist)], tmp_path, _env())
+    shutil.unpack_archive(sdist, tmp_path / "unpacked")
+    tree = next((tmp_path / "unpacked").glob("lastagent-*"))
+    hook = "import sys; from setuptools import build_meta; build_meta.build_wheel(sys.argv[1])"
+    done = _run([sys.executable, "-c", hook, str(tmp_path / "wheel")], tree, _env())
     assert done.returncode != 0
     out = done.stdout + done.stderr
     assert "needs a Rust toolchain" in out and "pip install --only-binary lastagent lastagent" in out, out
