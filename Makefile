@@ -135,7 +135,8 @@ test-chaos: setup
 test-chaos-full: setup
 	LASTAGENT_CHAOS_FULL=1 $(PYTEST) tests/chaos
 
-# The wheel in a fresh virtualenv outside the repository (part of make test too).
+# The wheel in a fresh virtualenv outside the repository (part of make test too); the portable wheel's checks
+# (auditwheel, install with no toolchain) run on dist/'s x86_64 wheel and skip until make wheels made one.
 test-wheel: setup
 	$(PYTEST) tests/package
 
