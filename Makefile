@@ -15,7 +15,7 @@ LOG       := .cache/setup.log
 # cargo built before (a fresh build of librdkafka, Arrow and PyO3 takes about 2 minutes).
 export CARGO_TARGET_DIR := $(CURDIR)/.cache/cargo-target
 
-.PHONY: setup wheels run test test-unit test-integration test-chaos test-chaos-full test-wheel test-cluster test-kafka-cluster test-connect test-notebook test-soak soak lint kafka-up kafka-down kafka-up-secured kafka-down-secured kafka-up-cluster kafka-down-cluster s3-up s3-down bench clean docs
+.PHONY: setup wheels aarch64-python run test test-unit test-integration test-chaos test-chaos-full test-wheel test-cluster test-kafka-cluster test-connect test-notebook test-soak soak lint kafka-up kafka-down kafka-up-secured kafka-down-secured kafka-up-cluster kafka-down-cluster s3-up s3-down bench clean docs
 
 setup: $(VENV)/.installed .cache/kafka/jars/.complete .cache/spark/jars/.complete .cache/s3/jars/.complete \
        .cache/spark/s3a-jars/.complete
@@ -54,6 +54,11 @@ wheels: $(WHEEL_TOOLS)/.installed
 	    || { echo "wheels: no Rust standard library for $$arch (rustup target add $$arch-unknown-linux-gnu failed)"; exit 1; }; \
 	done
 	$(WHEEL_TOOLS)/bin/python dev/build_wheels.py $(addprefix --arch ,$(WHEEL_ARCHS)) --out dist
+
+# An arm64 CPython 3.11 (Debian's packages) and qemu-user-static in .cache/aarch64-python, nothing installed on the
+# machine: tests/package runs the aarch64 wheel's extension with it (import, --version, a produce/consume round trip).
+aarch64-python:
+	@dev/wheels/aarch64_python.sh .cache/aarch64-python
 
 # The wheel tools, pinned; not setuptools-rust (the Python part is built without it, dev/build_wheels.py).
 $(WHEEL_TOOLS)/.installed: Makefile

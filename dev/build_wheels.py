@@ -41,8 +41,9 @@ def _env(arch: str, target_dir: Path) -> dict[str, str]:
     env["PATH"] = tools + os.pathsep + env.get("PATH", "")
     env.update({
         "CARGO_TARGET_DIR": str(target_dir),
-        # librdkafka's ./configure and make (rdkafka-sys) read CC, AR and RANLIB, not the cc crate's CC_<target>.
+        # librdkafka's ./configure and make (rdkafka-sys) read CC, CXX, AR and RANLIB, not the cc crate's CC_<target>.
         "CC": str(ROOT / "dev" / "wheels" / "zigcc"),
+        "CXX": str(ROOT / "dev" / "wheels" / "zigcxx"),
         "AR": str(ROOT / "dev" / "wheels" / "zigar"),
         "RANLIB": str(ROOT / "dev" / "wheels" / "zigranlib"),
         "LASTAGENT_ZIG_TARGET": f"{arch}-linux-gnu.{GLIBC}",

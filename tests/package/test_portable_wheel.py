@@ -5,6 +5,8 @@
   PATH has no ``cargo`` or ``rustc``, ``lastagent._native`` loads and ``lastagent --version`` prints the
   librdkafka and the static OpenSSL inside. A few seconds; skipped when ``dist/`` has no such wheel (run
   ``make wheels``, about 10 minutes the first time).
+- The aarch64 wheel under qemu-user (make aarch64-python): --version and a produce/consume round trip through
+  ``lastagent._native``; skipped without the wheel or the emulator. About 10 seconds.
 - The sdist built where ``cargo`` is missing fails with lastagent's message naming the wheels, not a
   build tool's trace (setup.py). About 2 seconds.
 """
@@ -106,3 +108,27 @@ def test_the_sdist_without_cargo_says_to_use_a_wheel(tmp_path):
     out = done.stdout + done.stderr
     assert "needs a Rust toolchain" in out and "pip install --only-binary lastagent lastagent" in out, out
     assert "Traceback" not in out and "can't find Rust compiler" not in out, out
+
+
+def test_aarch64_wheel_round_trip_under_emulation(tmp_path, kafka_bootstrap, new_topic):
+    """The aarch64 wheel's extension under qemu-user with Debian's arm64 CPython 3.11 (make aarch64-python):
+    ``lastagent --version``, then a transactional produce and a read back through ``lastagent._native``
+    (dev/wheels/roundtrip.py). The wheel is unpacked, not pip-installed: that Python has no pip. About 10 s."""
+    wheels = sorted((ROOT / "dist").glob("lastagent-*-cp310-abi3-manylinux_2_28_aarch64.whl"))
+    emu = ROOT / ".cache" / "aarch64-python"
+    qemu, sysroot = emu / "qemu" / "usr" / "bin" / "qemu-aarch64-static", emu / "sysroot"
+    if not wheels or not qemu.exists():
+        pytest.skip("needs dist/lastagent-*-manylinux_2_28_aarch64.whl (make wheels) and .cache/aarch64-python "
+                    "(make aarch64-python)")
+    site = tmp_path / "site"
+    shutil.unpack_archive(wheels[-1], site, format="zip")
+    python = [str(qemu), "-L", str(sysroot), str(sysroot / "usr" / "bin" / "python3.11")]
+    env = _env()
+    version = _run([*python, "-m", "lastagent.cli", "--version"], tmp_path, {**env, "PYTHONPATH": str(site)})
+    assert version.returncode == 0, version.stdout + version.stderr
+    assert "aarch64, glibc" in version.stdout and "librdkafka 2.12.1" in version.stdout, version.stdout
+    assert re.search(r"^OpenSSL 3\.\d+\.\d+ ", version.stdout, re.M), version.stdout
+    trip = _run([*python, str(ROOT / "dev" / "wheels" / "roundtrip.py"), str(site), kafka_bootstrap, new_topic()],
+                tmp_path, env)
+    assert trip.returncode == 0 and "round trip ok" in trip.stdout, trip.stdout + trip.stderr
+    assert trip.stdout.startswith("aarch64 "), trip.stdout
