@@ -133,6 +133,32 @@ def status_document(committer: Any, epochs: int = 10, now_ms: int | None = None)
     }
 
 
+def link_status(link: str, bootstrap_servers: str, *, table: str | None = None, arbitration_table: str | None = None,
+                epochs: int = 10, kafka: dict[str, str] | None = None,
+                storage: dict[str, str] | None = None) -> dict[str, Any]:
+    """``lastagent status --json``'s document in one call, from a notebook or a monitoring job.
+
+    Args:
+        link: the link's name (the query's ``link`` option).
+        bootstrap_servers: ``kafka.bootstrap.servers``.
+        table: the target table of a ``lastagent-delta`` link; or
+        arbitration_table: the ``arbitrationTable`` of a ``lastagent-kafka`` link.
+        epochs: how many of the newest decided epochs to give figures for.
+        kafka: more Kafka client settings (``kafka.*`` without the prefix).
+        storage: ``storage.*`` settings of the query (object stores).
+
+    Raises:
+        LastAgentError: both or neither table given; the table is not there; the store cannot be read.
+    """
+    args = argparse.Namespace(link=link, bootstrap_servers=bootstrap_servers, table=table,
+                              arbitration_table=arbitration_table, command_config=None,
+                              kafka=[f"{k}={v}" for k, v in (kafka or {}).items()],
+                              storage=[f"{k}={v}" for k, v in (storage or {}).items()])
+    with _committer(args) as committer:
+        _require_table(committer, args)
+        return status_document(committer, epochs)
+
+
 def _branch(t: Any, decision: str, epoch: int, now_ms: int | None = None) -> dict[str, Any]:
     age = None if now_ms is None or not t.started_ms else max(0, now_ms - t.started_ms)
     return {"transactional_id": t.transactional_id, "producer_id": t.producer_id,

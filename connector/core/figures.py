@@ -19,7 +19,7 @@ Pyspark's Python data source API gives a source no way to report ``sources[].met
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -199,3 +199,32 @@ def offsets_behind_latest(source: Mapping[str, Any] | Any) -> OffsetsBehind | No
         return None
     values = list(behind.values())
     return OffsetsBehind(min(values), max(values), sum(values) / len(values), behind)
+
+
+def run_figures(progress: Sequence[Any], epochs: Sequence[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
+    """One row per micro-batch of a run that read records, for a chart: where the link stood each epoch.
+
+    Runs where the query's progress is read (a notebook, a listener).
+
+    Args:
+        progress: the query's ``recentProgress`` (pyspark's objects or their dicts).
+        epochs: the ``epochs`` of ``lastagent status --json`` (:func:`lastagent.cli.link_status`).
+
+    Returns:
+        (epoch, input rows, max offsets behind latest, decide + phase-2 ms, Spark's addBatch ms)
+        per batch, oldest first; None where a figure is not known (the newest epoch's timings
+        arrive with the next epoch's record; a source other than ``lastagent-kafka`` has no lag).
+    """
+    timings = {e["epoch"]: e for e in epochs}
+    rows = []
+    for p in progress:
+        if not p["numInputRows"]:
+            continue
+        epoch = int(p["batchId"])
+        lags = [lag for lag in map(offsets_behind_latest, p["sources"] or []) if lag is not None]
+        e = timings.get(epoch, {})
+        commit = None if e.get("decide_ms") is None else int(e["decide_ms"]) + int(e.get("phase2_ms") or 0)
+        add_batch = (p["durationMs"] or {}).get("addBatch")
+        rows.append((epoch, int(p["numInputRows"]), max((lag.max for lag in lags), default=None), commit,
+                     None if add_batch is None else int(add_batch)))
+    return sorted(rows)
