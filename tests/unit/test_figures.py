@@ -23,6 +23,7 @@ from lastagent.core.figures import (
     figures_from_user_metadata,
     offsets_behind_latest,
     oldest_age_ms,
+    run_figures,
 )
 from lastagent.kafka.xa import BranchHandle, EndOutcome, EndResult, OpenTransaction
 from lastagent.sinks.epoch_timings import keep_timings, previous_timings
@@ -203,3 +204,15 @@ def test_a_bad_epoch_count_is_a_usage_error_naming_the_option(epochs, capsys):
         cli.main(["status", "--link", LINK, "--arbitration-table", "/nonexistent-arb", "--bootstrap-servers",
                   "localhost:1", "--epochs", epochs])
     assert exit_.value.code == 2 and "--epochs" in capsys.readouterr().err
+
+
+def test_run_figures_join_the_progress_with_the_epochs_figures():
+    progress = [
+        {"batchId": 0, "numInputRows": 20, "durationMs": {"addBatch": 900},
+         "sources": [{"endOffset": {"t": {"0": 10, "1": 10}}, "latestOffset": {"t": {"0": 30, "1": 25}}}]},
+        {"batchId": 1, "numInputRows": 0, "durationMs": {}, "sources": []},  # an idle trigger: no row
+        {"batchId": 2, "numInputRows": 5, "durationMs": {"addBatch": 400},
+         "sources": [{"endOffset": None, "latestOffset": None}]},
+    ]
+    epochs = [{"epoch": 2, "decide_ms": None, "phase2_ms": None}, {"epoch": 0, "decide_ms": 30, "phase2_ms": 12}]
+    assert run_figures(progress, epochs) == [(0, 20, 20, 42, 900), (2, 5, None, None, 400)]
