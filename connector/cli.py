@@ -10,6 +10,7 @@ Examples::
     lastagent recover ... --commit lastagent-orders-3-0   # by hand: the operator decides
     lastagent recover ... --accept-lost 41        # a decided epoch's expired branch: accept the loss
     lastagent status ... --command-config client.properties  # a secured cluster, as Kafka's own tools
+    lastagent status ... --json --epochs 20      # the document monitoring reads (docs/operations.md)
 
 ``--command-config`` reads a Java properties file of Kafka client settings (the ``kafka.*`` options
 without the prefix: ``security.protocol``, ``sasl.jaas.config``, ``ssl.truststore.location``...), so
