@@ -10,6 +10,7 @@ Examples::
     lastagent recover ... --commit lastagent-orders-3-0   # by hand: the operator decides
     lastagent recover ... --accept-lost 41        # a decided epoch's expired branch: accept the loss
     lastagent status ... --command-config client.properties  # a secured cluster, as Kafka's own tools
+    lastagent status ... --json --epochs 20      # the document monitoring reads (docs/operations.md)
     lastagent --version                           # lastagent, librdkafka (and its features), OpenSSL
 
 ``--command-config`` reads a Java properties file of Kafka client settings (the ``kafka.*`` options
@@ -30,8 +31,10 @@ import json
 import logging
 import os
 import sys
+import time
 from typing import Any, NoReturn
 
+from lastagent.core.figures import epoch_rows
 from lastagent.errors import LastAgentError
 
 
@@ -83,27 +86,86 @@ def read_properties(path: str) -> dict[str, str]:
     return out
 
 
-def _status(committer: Any) -> dict[str, Any]:
-    records = committer.store.records(committer.link)
-    rows, files = committer.store.size()
-    in_doubt = committer.in_doubt()
+#: The version of ``lastagent status --json``'s document. Keys are only ever added; a change to a
+#: key's meaning or a removal moves it (docs/operations.md lists every key).
+STATUS_VERSION = 1
+
+
+def status_document(committer: Any, epochs: int = 10, now_ms: int | None = None) -> dict[str, Any]:
+    """What ``lastagent status --json`` prints: the link's state and its last ``epochs`` epochs' figures.
+
+    Runs where the operator is (reads the arbitration store and the broker; changes nothing).
+    Every key is documented in docs/operations.md.
+
+    Args:
+        committer: the link's committer (:func:`_committer`).
+        epochs: how many of the newest decided epochs to give figures for.
+        now_ms: the time ages are measured against (default: now).
+    """
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    store, link = committer.store, committer.link
+    records = store.records(link)
+    rows, files = store.size()
+    in_doubt = [_branch(t, decision, epoch, now) for t, decision, epoch in committer.in_doubt()]
+    ownership = store.ownership(link)
+    # One more record than asked for: an epoch's timings are in the next epoch's record.
+    figures = store.figures(link, epochs + 1) if epochs > 0 else []
+    latest = store.latest_epoch(link)
+    latest_at = next((r.decided_at_ms for r in records if r.epoch == latest), None)
+    ages = [b["age_ms"] for b in in_doubt if b["age_ms"] is not None]
     return {
-        "link": committer.link,
+        "version": STATUS_VERSION,
+        "link": link,
         "arbitration_table": getattr(committer.options, "arbitration_table", None) or committer.options.path,
+        "owner": None if ownership is None else ownership.owner,
+        "generation": None if ownership is None else ownership.generation,
+        "run": None if ownership is None else ownership.run,
         "decided_epochs": len(records),
-        "latest_decided_epoch": committer.store.latest_epoch(committer.link),
+        "latest_decided_epoch": latest,
+        "latest_decided_at_ms": latest_at,
         "confirmed_through": max((r.confirmed_through for r in records), default=-1),
         "arbitration_rows": rows,
         "arbitration_files": files,
-        "in_doubt": [_branch(t, decision, epoch) for t, decision, epoch in in_doubt],
+        "in_doubt_count": len(in_doubt),
+        "oldest_in_doubt_age_ms": max(ages, default=None),
+        "in_doubt": in_doubt,
         "hazards": committer.hazards(),
+        "epochs": epoch_rows(figures, epochs),
+        "checked_at_ms": now,
     }
 
 
-def _branch(t: Any, decision: str, epoch: int) -> dict[str, Any]:
+def link_status(link: str, bootstrap_servers: str, *, table: str | None = None, arbitration_table: str | None = None,
+                epochs: int = 10, kafka: dict[str, str] | None = None,
+                storage: dict[str, str] | None = None) -> dict[str, Any]:
+    """``lastagent status --json``'s document in one call, from a notebook or a monitoring job.
+
+    Args:
+        link: the link's name (the query's ``link`` option).
+        bootstrap_servers: ``kafka.bootstrap.servers``.
+        table: the target table of a ``lastagent-delta`` link; or
+        arbitration_table: the ``arbitrationTable`` of a ``lastagent-kafka`` link.
+        epochs: how many of the newest decided epochs to give figures for.
+        kafka: more Kafka client settings (``kafka.*`` without the prefix).
+        storage: ``storage.*`` settings of the query (object stores).
+
+    Raises:
+        LastAgentError: both or neither table given; the table is not there; the store cannot be read.
+    """
+    args = argparse.Namespace(link=link, bootstrap_servers=bootstrap_servers, table=table,
+                              arbitration_table=arbitration_table, command_config=None,
+                              kafka=[f"{k}={v}" for k, v in (kafka or {}).items()],
+                              storage=[f"{k}={v}" for k, v in (storage or {}).items()])
+    with _committer(args) as committer:
+        _require_table(committer, args)
+        return status_document(committer, epochs)
+
+
+def _branch(t: Any, decision: str, epoch: int, now_ms: int | None = None) -> dict[str, Any]:
+    age = None if now_ms is None or not t.started_ms else max(0, now_ms - t.started_ms)
     return {"transactional_id": t.transactional_id, "producer_id": t.producer_id,
             "producer_epoch": t.producer_epoch, "started_ms": t.started_ms, "timeout_ms": t.timeout_ms,
-            "partitions": [f"{topic}-{p}" for topic, p in t.partitions],
+            "age_ms": age, "partitions": [f"{topic}-{p}" for topic, p in t.partitions],
             "decision": decision, "epoch": epoch}
 
 
@@ -111,14 +173,37 @@ def _print_status(status: dict[str, Any]) -> None:
     print(f"link {status['link']}  (arbitration: {status['arbitration_table']})")
     print(f"  decided epochs kept: {status['decided_epochs']}, latest decided: {status['latest_decided_epoch']}, "
           f"confirmed through: {status['confirmed_through']}")
+    print(f"  owner: {status['owner']}, generation: {status['generation']}")
     print(f"  arbitration size: {status['arbitration_rows']} rows in {status['arbitration_files']} files")
     _print_in_doubt(status["in_doubt"])
+    if status["epochs"]:
+        print("  epoch  branches  records                 dead letters  branch age/timeout  decide ms  phase 2 ms")
+    for e in status["epochs"]:
+        records = ",".join(f"{k}={v}" for k, v in (e["records"] or {}).items()) or "-"
+        ratio = "-" if e["branch_age_ratio"] is None else f"{e['branch_age_ratio']:.0%}"
+        print(f"  {e['epoch']:>5}  {_dash(e['branches']):>8}  {records:<22}  {_dash(e['dead_letters']):>12}  "
+              f"{ratio:>18}  {_dash(e['decide_ms']):>9}  {_dash(e['phase2_ms']):>10}")
     for h in status["hazards"]:
         if h["accepted"]:
             print(f"  lost, accepted by an operator: epoch {h['epoch']} branch {h['transactional_id']} "
                   f"({h['records']} records)")
         else:
             print(f"  HAZARD: {h['reason']}")
+
+
+def _epoch_count(text: str) -> int:
+    """``--epochs``: a count of 0 or more (argparse names the option in its error)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count of epochs (0 or more)")
+    return n
+
+
+def _dash(value: Any) -> str:
+    return "-" if value is None else str(value)
 
 
 def _print_in_doubt(branches: list[dict[str, Any]]) -> None:
@@ -206,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--command-config", metavar="FILE",
                        help="Kafka client settings (security.protocol, sasl.jaas.config, ssl.*) as a properties file")
         p.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "status":
+            p.add_argument("--epochs", type=_epoch_count, default=10, metavar="N",
+                           help="figures of the newest N decided epochs (default 10; 0 for none)")
         if name == "recover":
             p.add_argument("--apply", action="store_true", help="carry out every listed decision")
             p.add_argument("--commit", nargs="+", default=[], metavar="TXN_ID", help="commit these branches by hand")
@@ -220,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         with _committer(args) as committer:
             _require_table(committer, args)
             if args.command == "status":
-                status = _status(committer)
+                status = status_document(committer, args.epochs)
                 print(json.dumps(status, indent=2)) if args.json else _print_status(status)
                 open_hazards = [h for h in status["hazards"] if not h["accepted"]]
                 return 1 if status["in_doubt"] or open_hazards else 0

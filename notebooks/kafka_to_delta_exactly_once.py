@@ -118,3 +118,44 @@ if DeltaTable.isDeltaTable(spark, TABLE):  # noqa: F821
     print(f"lastagent status: exit {status}")
 else:
     print(f"link {LINK}: nothing decided yet (no table at {TABLE})")
+
+# COMMAND ----------
+
+# MAGIC %md
+# MAGIC How the run went, epoch by epoch: the lag the source saw (`maxOffsetsBehindLatest`, offsets between
+# MAGIC the epoch's end and the topic's newest) and how long each epoch's commit took (the Delta decision
+# MAGIC plus phase 2, from the figures each decision records; the newest epoch's arrive with the next
+# MAGIC epoch). On Databricks pick a line chart in the table below; elsewhere matplotlib draws it when it is
+# MAGIC installed. `docs/operations.md` lists every figure and how to alert on them.
+
+# COMMAND ----------
+
+from lastagent.cli import link_status  # noqa: E402
+from lastagent.core.figures import run_figures  # noqa: E402
+
+if DeltaTable.isDeltaTable(spark, TABLE):  # noqa: F821
+    doc = link_status(LINK, BOOTSTRAP, table=TABLE, epochs=len(query.recentProgress) + 1)
+    rows = run_figures(query.recentProgress, doc["epochs"])
+    columns = "epoch LONG, input_rows LONG, max_offsets_behind LONG, commit_ms LONG, add_batch_ms LONG"
+    display(spark.createDataFrame(rows, columns))  # noqa: F821
+    print(f"run figures: {len(rows)} epochs with records")
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError:
+        plt = None
+        print("matplotlib is not installed here: chart the table above instead")
+    if plt is not None and rows:
+        def column(i):  # an unknown figure is a gap in the line
+            return [float("nan") if r[i] is None else r[i] for r in rows]
+
+        fig, (lag_ax, ms_ax) = plt.subplots(2, 1, sharex=True, figsize=(8, 5))
+        lag_ax.plot(column(0), column(2), marker="o")
+        lag_ax.set_ylabel("max offsets behind latest")
+        ms_ax.plot(column(0), column(3), marker="o", label="decide + phase 2")
+        ms_ax.plot(column(0), column(4), marker=".", label="Spark addBatch")
+        ms_ax.set_ylabel("ms")
+        ms_ax.set_xlabel("epoch")
+        ms_ax.legend()
+        plt.show()
+else:
+    print(f"link {LINK}: no epochs to chart yet")

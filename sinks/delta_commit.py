@@ -34,13 +34,16 @@ from lastagent.core.arbitration import (
     accepted_lost_on_delta,
     alter_properties,
     claim_on_delta,
+    decision_metadata,
     delta_ownership,
+    figures_in_history,
     lost_races,
     owner_keys,
     ownership_properties,
     stale,
     until_committed,
 )
+from lastagent.core.figures import EpochFigures
 from lastagent.errors import LastAgentError
 from lastagent.sinks import delta_files
 from lastagent.sinks.delta_features import TableRules, UnsupportedTableFeatureError, require_plain, rules_of
@@ -322,9 +325,7 @@ class TargetTableStore:
                     "lastagent.attempts": json.dumps([list(a) for a in staged.attempts]),
                     "lastagent.confirmed_through": str(record.confirmed_through)}
         # What Spark's DESCRIBE HISTORY shows: ids and counts only, never payload or secrets.
-        metadata["userMetadata"] = json.dumps({"lastagent": {"link": record.link, "epoch": record.epoch,
-                                                             "gxid": record.gxid, "kafka_branches": len(record.branches),
-                                                             "files": len(staged.adds)}}, separators=(",", ":"))
+        metadata["userMetadata"] = decision_metadata(record, files=len(staged.adds))
         if staged.dead_letter_adds:
             # Part of the decision: a restart commits exactly these files to the dead-letter table.
             metadata["lastagent.dead_letter_adds"] = json.dumps(list(staged.dead_letter_adds))
@@ -565,6 +566,10 @@ class TargetTableStore:
             self._commit_of(link, latest, table)  # fails closed when the newest record is gone
         return sorted((self._record(c) for c in self._commits(table, link, latest) if c["lastagent.link"] == link),
                       key=lambda r: r.epoch)
+
+    def figures(self, link: str, last: int) -> list[tuple[int, int, EpochFigures | None]]:
+        """The newest ``last`` decisions' figures, from the commits' ``userMetadata`` (newest first)."""
+        return figures_in_history(self._commits(), link, last) if last > 0 else []
 
     def attempts(self, link: str) -> dict[int, set[tuple[int, int]]]:
         """Per decided epoch still in history: the task attempts whose files it committed."""

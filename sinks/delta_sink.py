@@ -33,6 +33,7 @@ from pyspark.sql.types import StructType
 
 from lastagent import faults
 from lastagent.core import protocol
+from lastagent.core.figures import EpochFigures
 from lastagent.groups.refusals import split_refused, strip_refusal_columns
 from lastagent.kafka.xa import BranchHandle
 from lastagent.sinks import dead_letters, transformer
@@ -40,6 +41,7 @@ from lastagent.sinks.delta_commit import StagedEpoch, TargetTableStore, schema_d
 from lastagent.sinks.delta_features import TableRules
 from lastagent.sinks.delta_files import FileWriter, delta_arrow_schema, physical_fields
 from lastagent.sinks.delta_sink_options import DeltaSinkOptions
+from lastagent.sinks.epoch_timings import keep_timings, previous_timings
 from lastagent.sinks.query_run import (
     Started,
     StartsWhenShipped,
@@ -290,12 +292,18 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
             return
         staged = self._staged(msgs)
         store = self._store()
+        opts = self.options
+        handles = _handles(msgs)
+        figures = EpochFigures(records=(("kafka", sum(h.records for h in handles)), ("table", sum(m.rows for m in msgs))),
+                               dead_letters=sum(m.dead_letters for m in msgs),
+                               previous=previous_timings(opts.checkpoint_location, opts.link, batchId, opts.storage))
         with Committer(self.options, store=store) as committer:
             try:
-                committer.commit(batchId, generation, _handles(msgs), staged=staged)
+                committer.commit(batchId, generation, handles, staged=staged, figures=figures)
             except EpochNotDecidedError:
                 store.discard(staged)  # no decision names these files; the replayed epoch writes its own
                 raise
+            keep_timings(opts.checkpoint_location, opts.link, committer.last_timings, opts.storage)
         faults.point("before_dead_letter_table")
         store.complete_dead_letters(self.options.link, batchId)
         if any(m.attempt > 0 or m.first_of_run for m in msgs):

@@ -29,7 +29,9 @@ from pyspark.sql.types import StructType
 
 from lastagent import faults
 from lastagent.core import protocol
+from lastagent.core.figures import EpochFigures
 from lastagent.kafka.xa import BranchHandle, BranchWriter
+from lastagent.sinks.epoch_timings import keep_timings, previous_timings
 from lastagent.sinks.kafka_rows import check_schema, records, simple_columns
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 from lastagent.sinks.query_run import (
@@ -157,8 +159,12 @@ class KafkaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
             # which run this is, so nothing else of the link is touched).
             log.info("link %s epoch %d: no task reported; nothing to decide", self.options.link, batchId)
             return
-        with Committer(self.options) as committer:
-            committer.commit(batchId, generation, _handles(msgs))
+        opts = self.options
+        figures = EpochFigures(records=(("kafka", sum(m.records for m in msgs)),),
+                               previous=previous_timings(opts.checkpoint_location, opts.link, batchId, opts.storage))
+        with Committer(opts) as committer:
+            committer.commit(batchId, generation, _handles(msgs), figures=figures)
+            keep_timings(opts.checkpoint_location, opts.link, committer.last_timings, opts.storage)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Driver: Spark gave up on the epoch (:meth:`Committer.abort`)."""

@@ -21,9 +21,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
+from lastagent.core.figures import EpochFigures, figures_from_user_metadata
 from lastagent.errors import LastAgentError
 from lastagent.storage import StorageConfig, location
 
@@ -119,6 +120,10 @@ class ArbitrationRecord:
         decided_at_ms: wall-clock time of the decision, for operators.
         confirmed_through: newest epoch whose branches were all confirmed committed when this
             record was written (-1 for none).
+        figures: what an operator watches of the epoch (branches, records, dead letters, branch
+            age, the previous epoch's timings), written into the decision commit's ``userMetadata``;
+            None for a record read from the table's rows (:meth:`ArbitrationStore.figures` reads
+            them) or written before they existed. Never part of the decision's meaning.
     """
 
     link: str
@@ -127,6 +132,7 @@ class ArbitrationRecord:
     branches: tuple[str, ...]
     decided_at_ms: int = 0
     confirmed_through: int = -1
+    figures: EpochFigures | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -198,6 +204,15 @@ class ArbitrationStore(Protocol):
 
     def cleanup(self, link: str, retain_epochs: int) -> int:
         """Deletes confirmed decisions older than the retention; returns rows deleted."""
+        ...
+
+    def figures(self, link: str, last: int) -> list[tuple[int, int, EpochFigures | None]]:
+        """The newest ``last`` decisions' figures: (epoch, decided_at_ms, figures or None), newest first.
+
+        Read from the decision commits' ``userMetadata``; a decision written before figures existed
+        (or one whose commit the log no longer keeps) has None. For operators only: no decision
+        depends on it.
+        """
         ...
 
     def check_link(self, link: str) -> None:
@@ -272,6 +287,33 @@ def ownership_properties(link: str, ownership: Ownership) -> dict[str, str]:
     run_key, retired_key = run_keys(link)
     return {owner_key: ownership.owner, gen_key: str(ownership.generation), run_key: ownership.run,
             retired_key: ",".join(ownership.retired)}
+
+
+def decision_metadata(record: ArbitrationRecord, **extra: Any) -> str:
+    """A decision commit's ``userMetadata`` (what Spark's ``DESCRIBE HISTORY`` shows): ids, counts and
+    the epoch's figures, never payload or secrets. ``extra`` adds store-specific counts."""
+    body: dict[str, Any] = {"link": record.link, "epoch": record.epoch, "gxid": record.gxid,
+                            "kafka_branches": len(record.branches), **extra}
+    if record.figures is not None:
+        body["figures"] = record.figures.to_dict()
+    return json.dumps({"lastagent": body}, separators=(",", ":"))
+
+
+def figures_in_history(commits: list[dict[str, Any]], link: str, last: int) -> list[tuple[int, int, EpochFigures | None]]:
+    """The figures of ``link``'s newest ``last`` decisions in a Delta history (newest first), newest first."""
+    out: list[tuple[int, int, EpochFigures | None]] = []
+    seen: set[int] = set()
+    for c in commits:
+        if c.get("lastagent.link") != link or "lastagent.epoch" not in c:
+            continue
+        epoch = int(c["lastagent.epoch"])
+        if epoch in seen:
+            continue
+        seen.add(epoch)
+        out.append((epoch, int(c.get("timestamp", 0)), figures_from_user_metadata(c.get("userMetadata"))))
+        if len(out) >= last:
+            break
+    return out
 
 
 def lost_key(link: str) -> str:
@@ -491,6 +533,9 @@ class InMemoryArbitrationStore:
     def accept_lost(self, link: str, epoch: int) -> None:
         self._accepted.setdefault(link, set()).add(epoch)
 
+    def figures(self, link: str, last: int) -> list[tuple[int, int, EpochFigures | None]]:
+        return [(r.epoch, r.decided_at_ms, r.figures) for r in reversed(self.records(link))][:max(0, last)]
+
     def cleanup(self, link: str, retain_epochs: int) -> int:
         rows = self.records(link)
         if not rows:
@@ -683,7 +728,8 @@ class DeltaArbitrationStore:
                                               last_updated=record.decided_at_ms)],
                 custom_metadata={"lastagent.link": record.link, "lastagent.epoch": str(record.epoch),
                                  "lastagent.gxid": record.gxid,
-                                 "lastagent.branches": str(len(record.branches))},
+                                 "lastagent.branches": str(len(record.branches)),
+                                 "userMetadata": decision_metadata(record)},
             )
             try:
                 write_deltalake(table, self._arrow([record]), mode="append", commit_properties=props)
@@ -731,6 +777,14 @@ class DeltaArbitrationStore:
         table.delete(f"link = '{escaped}' AND epoch <= {limit}")
         table.optimize.compact()
         return len(doomed)
+
+    def figures(self, link: str, last: int) -> list[tuple[int, int, EpochFigures | None]]:
+        table = self._table()
+        if table is None or last <= 0:
+            return []
+        # Every decision is one commit; claims and cleanups are few, so a little more than ``last``
+        # commits of history hold the newest ``last`` decisions (fewer when the log was cleaned up).
+        return figures_in_history(table.history(2 * last + 10), link, last)
 
     def accepted_lost(self, link: str) -> frozenset[int]:
         return accepted_lost_on_delta(self._table(), link)

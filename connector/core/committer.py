@@ -13,12 +13,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from lastagent import faults
 from lastagent.core import protocol, xid
 from lastagent.core.arbitration import ArbitrationRecord, ArbitrationStore, DeltaArbitrationStore, Ownership, require_owner
 from lastagent.core.checkpoint import CheckpointReader, SparkCheckpoint
+from lastagent.core.figures import EpochFigures, EpochTimings, oldest_age_ms
 from lastagent.core.protocol import Branch, CommitBranch, RollbackBranch, WriteDecision
 from lastagent.errors import LastAgentError, OptionError
 from lastagent.kafka.xa import BranchHandle, EndOutcome, EndResult, KafkaXAResource, XAResource
@@ -68,6 +70,11 @@ class Committer:
         self.checkpoint: CheckpointReader = checkpoint or SparkCheckpoint(options.checkpoint_location,
                                                                           options.storage)
         self.now_ms = now_ms or (lambda: int(time.time() * 1000))
+        #: The last epoch this committer decided: how long its decision and phase 2 took (None until
+        #: it wrote one). Known only after the record was written, so it goes into the next epoch's.
+        self.last_timings: EpochTimings | None = None
+        self._decide_ms: int | None = None
+        self._phase2_ms = 0
 
     def __enter__(self) -> Committer:
         return self
@@ -247,7 +254,7 @@ class Committer:
     # -- epoch --------------------------------------------------------------------------------
 
     def commit(self, epoch: int, generation: int, handles: Sequence[BranchHandle],
-               staged: Any = None) -> ArbitrationRecord:
+               staged: Any = None, figures: EpochFigures | None = None) -> ArbitrationRecord:
         """Decides the epoch (last agent), then commits its branches and rolls back the rest. Driver.
 
         Reads the situation once, before anything changes: the link's open branches of this run's
@@ -264,6 +271,11 @@ class Committer:
         another decision already stands. A broker outage after the decision leaves a decided epoch
         that the next start completes.
 
+        ``figures`` are the sink's counts for the record (records per output, dead letters, the
+        previous epoch's timings); the committer adds the branches, the oldest branch's age at the
+        decision and the transaction timeout. They change nothing of the decision. After a
+        decision this committer wrote, :attr:`last_timings` holds its decide and phase-2 times.
+
         Raises:
             EpochNotDecidedError: a branch was gone or too close to its timeout; nothing was
                 decided and the branches were rolled back.
@@ -276,11 +288,19 @@ class Committer:
         open_now = self._open(generation)
         known.update((Branch.of(t), t.handle()) for t in open_now if Branch.of(t) not in known)
         beyond = {Branch.of(t) for t in open_now} - set(prepared)
+        now = self.now_ms()
         actions = protocol.commit_epoch(
             epoch, prepared, {Branch.of(t): (t.started_ms, t.timeout_ms) for t in open_now},
-            self._decided() if beyond else {}, now_ms=self.now_ms(),
+            self._decided() if beyond else {}, now_ms=now,
             timeout_ms=self.options.transaction_timeout_ms, link=self.link)
-        record = self._carry_out(actions, known, generation, staged)
+        started = {Branch.of(t): t.started_ms for t in open_now}
+        figures = replace(figures or EpochFigures(),
+                          oldest_branch_age_ms=oldest_age_ms([started[b] for b in prepared if b in started], now),
+                          transaction_timeout_ms=self.options.transaction_timeout_ms)
+        self._decide_ms = None
+        record = self._carry_out(actions, known, generation, staged, figures)
+        if self._decide_ms is not None:
+            self.last_timings = EpochTimings(epoch, self._decide_ms, self._phase2_ms)
         faults.point("after_phase2")
         if epoch % self.options.cleanup_every == 0 and epoch > 0:
             removed = self.store.cleanup(self.link, self.options.retention_epochs)
@@ -321,7 +341,8 @@ class Committer:
         return self.xa
 
     def _carry_out(self, actions: Sequence[protocol.Action], known: dict[Branch, BranchHandle],
-                   generation: int | None = None, staged: Any = None) -> ArbitrationRecord | None:
+                   generation: int | None = None, staged: Any = None,
+                   figures: EpochFigures | None = None) -> ArbitrationRecord | None:
         """The interpreter: carries out the rules' actions in order, through the ports. Driver.
 
         The decision first (``WriteDecision`` writes it, ``FollowDecision`` reads what stands),
@@ -337,7 +358,7 @@ class Committer:
         rollbacks: list[Branch] = []
         for a in actions:
             if isinstance(a, WriteDecision):
-                standing = self._write_decision(a, generation, known, staged)
+                standing = self._write_decision(a, generation, known, staged, figures)
                 faults.point("after_arbitration")
             elif isinstance(a, protocol.FollowDecision):
                 standing = self.store.get(self.link, a.epoch)
@@ -357,6 +378,7 @@ class Committer:
                 commits.append(a)
             elif isinstance(a, RollbackBranch):
                 rollbacks.append(a.branch)
+        phase2_began = time.monotonic()
         if commits:
             results = self._xa().end_all([known[c.branch] for c in commits], commit=True,
                                          parallelism=self.options.phase2_parallelism)
@@ -364,21 +386,26 @@ class Committer:
         if rollbacks:
             log.info("link %s: rolling back %d branch(es) no decision covers", self.link, len(rollbacks))
             self._xa().end_all([known[b] for b in rollbacks], commit=False, parallelism=self.options.phase2_parallelism)
+        self._phase2_ms = int((time.monotonic() - phase2_began) * 1000)
         if refused is not None:
             raise EpochNotDecidedError(refused.reason)
         return standing
 
     def _write_decision(self, decision: WriteDecision, generation: int | None, known: dict[Branch, BranchHandle],
-                        staged: Any) -> ArbitrationRecord:
+                        staged: Any, figures: EpochFigures | None = None) -> ArbitrationRecord:
         """The last agent's one-phase commit; returns the record that stands (ours, or a racing decider's)."""
         if generation is None:
             raise LastAgentError(f"link {self.link!r} epoch {decision.epoch}: a decision needs the run's generation")
         record = ArbitrationRecord(
             link=self.link, epoch=decision.epoch, gxid=xid.gxid_text(self.link, decision.epoch),
             branches=tuple(known[b].to_json() for b in decision.branches),
-            confirmed_through=decision.confirmed_through)
+            confirmed_through=decision.confirmed_through,
+            figures=None if figures is None else replace(figures, branches=len(decision.branches)))
+        began = time.monotonic()
         outcome = self.store.decide(record, generation, staged)
-        if not outcome.won:
+        if outcome.won:
+            self._decide_ms = int((time.monotonic() - began) * 1000)
+        else:
             log.warning("link %s epoch %d was already decided; following that record (%d branches)",
                         self.link, decision.epoch, len(outcome.record.branches))
         return outcome.record

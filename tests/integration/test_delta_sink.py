@@ -200,9 +200,29 @@ def test_poison_records_go_to_dead_letters_in_the_same_epoch(spark, tmp_path, ka
     from lastagent import cli
 
     assert cli.main(["status", "--link", link, "--table", table, "--bootstrap-servers", kafka_bootstrap,
-                     "--json"]) == 0
+                     "--json", "--epochs", "3"]) == 0
     status = json.loads(capsys.readouterr().out)
     assert status["decided_epochs"] == 3 and status["in_doubt"] == [] and status["hazards"] == []
+    assert status["in_doubt_count"] == 0 and status["latest_decided_epoch"] == 2 and status["generation"] >= 0
+    # Each epoch's figures: 20 offsets (10 per partition) per epoch; the poison record (partition 1,
+    # offset 8) is epoch 0's one dead letter; every row also went to the side topic, so each epoch's
+    # Kafka branches (one per task) hold 20 records: 19 + 1 dead letter in epoch 0.
+    epochs = {e["epoch"]: e for e in status["epochs"]}
+    assert {e: (f["records"], f["dead_letters"], f["branches"]) for e, f in epochs.items()} == {
+        0: ({"kafka": 20, "table": 19}, 1, 2), 1: ({"kafka": 20, "table": 20}, 0, 2),
+        2: ({"kafka": 20, "table": 20}, 0, 2)}
+    # Timings reach the next epoch's record: epoch 2's are known once a next epoch is decided.
+    assert [epochs[e]["decide_ms"] is not None and epochs[e]["phase2_ms"] is not None for e in (0, 1, 2)] == [
+        True, True, False]
+    assert all(0 <= f["oldest_branch_age_ms"] < f["transaction_timeout_ms"] for f in epochs.values())
+    # The source's lag, as Spark's kafka source names it: each epoch ends 20, 10, then 0 offsets
+    # behind the newest (30 per partition) on both partitions.
+    from lastagent.core.figures import offsets_behind_latest
+
+    lags = {p.batchId: offsets_behind_latest(p.sources[0]) for p in q.recentProgress if p.numInputRows > 0}
+    assert {b: lag.metrics() for b, lag in lags.items() if lag is not None} == {
+        b: {"minOffsetsBehindLatest": str(n), "maxOffsetsBehindLatest": str(n), "avgOffsetsBehindLatest": f"{n}.0"}
+        for b, n in ((0, 20), (1, 10), (2, 0))}
 
 
 def test_a_first_run_on_an_empty_topic_then_records(spark, tmp_path, kafka_bootstrap, new_topic):

@@ -38,7 +38,7 @@ def _query(spark, source, tmp_path, bootstrap, topic, link=None, select=None, **
     return writer.start()
 
 
-def test_every_row_once_and_one_decision_per_epoch(spark, source, tmp_path, kafka_bootstrap, new_topic):
+def test_every_row_once_and_one_decision_per_epoch(spark, source, tmp_path, kafka_bootstrap, new_topic, capsys):
     topic = new_topic(partitions=2)
     link = f"it-{uuid.uuid4().hex[:8]}"
     q = _query(spark, source, tmp_path, kafka_bootstrap, topic, link=link)
@@ -58,6 +58,22 @@ def test_every_row_once_and_one_decision_per_epoch(spark, source, tmp_path, kafk
     for r in arb.collect():
         for branch in json.loads(r.branches):
             assert set(json.loads(branch)) == {"tid", "pid", "epoch", "records", "partitions"}
+    # Each epoch's figures, as `lastagent status --json` reads them from the arbitration commits.
+    from lastagent import cli
+
+    assert cli.main(["status", "--link", link, "--arbitration-table", str(tmp_path / "arb"), "--bootstrap-servers",
+                     kafka_bootstrap, "--json", "--epochs", "5"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    rows_of = {p["batchId"]: p["numInputRows"] for p in q.recentProgress if p["numInputRows"] > 0}
+    branches_of = {r.epoch: len(json.loads(r.branches)) for r in arb.collect()}
+    assert {e["epoch"]: e["records"] for e in status["epochs"]} == {e: {"kafka": n} for e, n in rows_of.items()}
+    assert {e["epoch"]: e["branches"] for e in status["epochs"]} == branches_of
+    from lastagent.sinks.kafka_sink_options import DEFAULT_TRANSACTION_TIMEOUT_MS
+
+    assert all(e["dead_letters"] == 0 and e["transaction_timeout_ms"] == DEFAULT_TRANSACTION_TIMEOUT_MS
+               and 0 <= e["oldest_branch_age_ms"] < DEFAULT_TRANSACTION_TIMEOUT_MS for e in status["epochs"])
+    newest = max(rows_of)
+    assert all((e["decide_ms"] is None) == (e["epoch"] == newest) for e in status["epochs"])
 
 
 def test_topic_column_partition_and_headers(spark, source, tmp_path, kafka_bootstrap, new_topic):

@@ -45,6 +45,7 @@ def test_kafka_to_delta_notebook_after_records(spark, kafka_bootstrap, tmp_path)
     assert f"this run read 20 records from {topic}" in warm
     assert "lastagent status: exit 0" in warm, warm
     assert "userMetadata" in warm and '"kafka_branches"' in warm  # DESCRIBE HISTORY was displayed
+    assert "run figures: 1 epochs with records" in warm and "max_offsets_behind" in warm  # the chart's table
     keys = Counter(r.key for r in spark.read.format("delta").load(f"{tmp_path}/tables/{topic}").collect())
     assert keys == Counter(str(i) for i in range(20) if i != 7)
     assert [k for k, _ in read_committed(kafka_bootstrap, f"{topic}-dead-letters", 1)] == [b"7"]

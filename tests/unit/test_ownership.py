@@ -72,3 +72,16 @@ def test_a_task_without_a_run_id_writes_nothing():
     assert task_run(_Ctx(**{"spark.jobGroup.id": "8c0f"})) == "8c0f"
     with pytest.raises(LastAgentError, match="spark.jobGroup.id"):
         task_run(_Ctx())
+
+
+def test_a_store_of_records_only_refuses_data_beside_a_decision():
+    """Staged Delta files reach a store through decide(); one that holds no data refuses them, deciding nothing."""
+    from lastagent.core.arbitration import ArbitrationError, ArbitrationRecord
+
+    store = InMemoryArbitrationStore()
+    generation = store.claim("l", "q").generation
+    record = ArbitrationRecord("l", 0, "l:0", ())
+    with pytest.raises(ArbitrationError, match="holds records only"):
+        store.decide(record, generation, staged=object())
+    assert store.get("l", 0) is None
+    assert store.decide(record, generation).won
