@@ -11,44 +11,45 @@ SOURCES   := $(shell find connector sources sinks -name '*.py' -o -name '*.pyi' 
              native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
 LOG       := .cache/setup.log
 
-# The compiled Kafka path (native/) builds here, so reinstalls and the wheel test reuse what
-# cargo built before (a fresh build of librdkafka, Arrow and PyO3 takes about 2 minutes).
-export CARGO_TARGET_DIR := $(CURDIR)/.cache/cargo-target
+# Portable wheels (docs/install.md): manylinux_2_28, cp310-abi3, for each of WHEEL_ARCHS, into dist/, without
+# Docker: cargo-zigbuild and zig (from PyPI) as C compiler and linker against glibc 2.28, OpenSSL and zlib built
+# from source and linked in statically (native/ feature `portable`); checked by auditwheel show. make setup builds
+# this machine's wheel and installs it, so the tests, the demo and users run the same extension. About 5 minutes
+# per architecture on a 2-core machine the first time (OpenSSL and librdkafka from source); cargo's target dir is
+# .cache/wheel-target, and after that only what changed is rebuilt. Needs cargo, and rustup's standard library
+# for each other architecture (rustup target add aarch64-unknown-linux-gnu).
+HOST_ARCH   := $(shell uname -m)
+WHEEL_ARCHS ?= x86_64 aarch64
+WHEEL_TOOLS := .cache/wheel-tools
+NO_CARGO    := echo "setup: cargo not found: lastagent's Kafka path (native/) is Rust; install a toolchain with rustup (https://rustup.rs)"
 
 .PHONY: setup wheels aarch64-python run test test-unit test-integration test-chaos test-chaos-full test-wheel test-cluster test-kafka-cluster test-connect test-notebook test-soak soak lint kafka-up kafka-down kafka-up-secured kafka-down-secured kafka-up-cluster kafka-down-cluster s3-up s3-down bench clean docs
 
 setup: $(VENV)/.installed .cache/kafka/jars/.complete .cache/spark/jars/.complete .cache/s3/jars/.complete \
        .cache/spark/s3a-jars/.complete
 
-# Python packages, pinned in pyproject.toml.
-$(VENV)/.deps: pyproject.toml
+# Python packages, pinned in pyproject.toml (dev/requirements.py lists them; the package itself is not built here).
+$(VENV)/.deps: pyproject.toml dev/requirements.py
 	@mkdir -p .cache
 	@test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	@echo "setup: installing Python packages into $(VENV) (log: $(LOG))"
 	@$(PIP) install -q --upgrade pip >>$(LOG) 2>&1
-	@$(PIP) install -q ".[spark,connect,test]" >>$(LOG) 2>&1 || (tail -30 $(LOG); exit 1)
+	@$(PYTHON) dev/requirements.py spark connect test > .cache/requirements.txt
+	@$(PIP) install -q -r .cache/requirements.txt >>$(LOG) 2>&1 || (tail -30 $(LOG); exit 1)
 	@touch $@
 
-# The package itself is installed (not editable) so that Spark's worker finds the
-# top-level pyspark_lastagent_* modules by scanning sys.path; reinstalled when code changes.
-$(VENV)/.installed: $(VENV)/.deps $(SOURCES)
-	@command -v cargo >/dev/null || { echo "setup: cargo not found: lastagent's Kafka path (native/) is Rust; install a toolchain with rustup (https://rustup.rs)"; exit 1; }
-	@echo "setup: building and installing lastagent (Rust extension native/ included; log: $(LOG))"
-	@rm -rf build  # setuptools' build dir would carry modules removed from the tree into the wheel
-	@$(PIP) install -q --no-deps --force-reinstall . >>$(LOG) 2>&1 || (tail -30 $(LOG); exit 1)
+# The package itself: this machine's portable wheel (as make wheels builds it) installed, not editable, so that
+# Spark's worker finds the top-level pyspark_lastagent_* modules by scanning sys.path; rebuilt when code changes.
+$(VENV)/.installed: $(VENV)/.deps $(WHEEL_TOOLS)/.installed dev/build_wheels.py $(SOURCES)
+	@command -v cargo >/dev/null || { $(NO_CARGO); exit 1; }
+	@echo "setup: building lastagent's portable wheel for $(HOST_ARCH) into dist/ and installing it (log: $(LOG))"
+	@$(WHEEL_TOOLS)/bin/python dev/build_wheels.py --arch $(HOST_ARCH) --out dist >>$(LOG) 2>&1 || (tail -30 $(LOG); exit 1)
+	@$(PIP) install -q --no-deps --force-reinstall dist/lastagent-*-cp310-abi3-manylinux_2_28_$(HOST_ARCH).whl >>$(LOG) 2>&1 \
+	  || (tail -30 $(LOG); exit 1)
 	@touch $@
-
-# Portable wheels (docs/install.md): manylinux_2_28, cp310-abi3, for each of WHEEL_ARCHS, into dist/, without
-# Docker: cargo-zigbuild and zig (from PyPI) as C compiler and linker against glibc 2.28, OpenSSL and zlib built
-# from source and linked in statically (native/ feature `portable`); checked by auditwheel show.
-# About 10 minutes per architecture on a 2-core machine the first time (OpenSSL, librdkafka); its own cargo
-# target dir (.cache/wheel-target), so make setup's build is not redone. Needs cargo and rustup's standard
-# library for each architecture (rustup target add aarch64-unknown-linux-gnu).
-WHEEL_ARCHS ?= x86_64 aarch64
-WHEEL_TOOLS := .cache/wheel-tools
 
 wheels: $(WHEEL_TOOLS)/.installed
-	@command -v cargo >/dev/null || { echo "wheels: cargo not found: install a Rust toolchain with rustup (https://rustup.rs)"; exit 1; }
+	@command -v cargo >/dev/null || { $(NO_CARGO); exit 1; }
 	@for arch in $(WHEEL_ARCHS); do \
 	  rustc --print sysroot | xargs -I{} test -d {}/lib/rustlib/$$arch-unknown-linux-gnu/lib || rustup target add $$arch-unknown-linux-gnu \
 	    || { echo "wheels: no Rust standard library for $$arch (rustup target add $$arch-unknown-linux-gnu failed)"; exit 1; }; \
@@ -115,17 +116,19 @@ s3-down:
 run: setup kafka-up
 	@$(PYTHON) dev/demo.py
 
-# Every tier but the two cluster tiers and the soak (make test-cluster, make test-kafka-cluster, make
-# test-soak): with them the run would pass its 40-minute budget on a 2-core machine.
+# Every tier but the two cluster tiers, the soak and the sdist's compile from source (make test-cluster, make
+# test-kafka-cluster, make test-soak, make test-wheel): with them the run would pass its 40-minute budget on a
+# 2-core machine.
 test: setup lint
-	$(PYTEST) tests -m "not soak and not cluster and not kafka_cluster" --durations=40
+	$(PYTEST) tests -m "not soak and not cluster and not kafka_cluster and not source_build" --durations=40
 
 # Zero findings: ruff on the tree, mypy on the package as installed (py.typed), clippy on native/ (every
-# unsafe block documented: clippy::undocumented_unsafe_blocks). Clippy reuses setup's build (about 10 s).
+# unsafe block documented: clippy::undocumented_unsafe_blocks). Clippy runs as setup's build does (dev/build_wheels.py
+# --clippy: same target, features and compilers), so OpenSSL and librdkafka are not built again.
 lint: setup
 	$(PYTHON) -m ruff check connector sources sinks tests bench dev
 	$(PYTHON) -m mypy -p lastagent
-	cd native && cargo clippy --release --quiet -- -D warnings
+	$(WHEEL_TOOLS)/bin/python dev/build_wheels.py --clippy --arch $(HOST_ARCH)
 
 test-unit: setup
 	$(PYTEST) tests/unit -m unit
@@ -140,8 +143,9 @@ test-chaos: setup
 test-chaos-full: setup
 	LASTAGENT_CHAOS_FULL=1 $(PYTEST) tests/chaos
 
-# The wheel in a fresh virtualenv outside the repository (part of make test too); the portable wheel's checks
-# (auditwheel, install with no toolchain) run on dist/'s x86_64 wheel and skip until make wheels made one.
+# The package as users install it: this machine's portable wheel (make setup builds it) in fresh virtualenvs with no
+# toolchain, both links' queries run from it (part of make test too); the sdist compiled from source (about 3
+# minutes, only here); the aarch64 wheel under qemu-user once make wheels and make aarch64-python made it.
 test-wheel: setup
 	$(PYTEST) tests/package
 

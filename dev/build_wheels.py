@@ -62,13 +62,22 @@ def _env(arch: str, target_dir: Path) -> dict[str, str]:
     return env
 
 
-def build_native(arch: str, target_dir: Path) -> Path:
-    triple = f"{arch}-unknown-linux-gnu"
-    cmd = ["cargo", "zigbuild", "--release", "--locked", "--manifest-path", str(ROOT / "native" / "Cargo.toml"),
-           "--target", f"{triple}.{GLIBC}", "--features", "portable"]
+def _cargo(command: list[str], arch: str, target_dir: Path, *extra: str) -> None:
+    cmd = [*command, "--release", "--locked", "--manifest-path", str(ROOT / "native" / "Cargo.toml"),
+           "--target", f"{arch}-unknown-linux-gnu.{GLIBC}", "--features", "portable", *extra]
     print("wheels:", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, env=_env(arch, target_dir), cwd=ROOT)
-    return target_dir / triple / "release" / "lib_native.so"
+
+
+def build_native(arch: str, target_dir: Path) -> Path:
+    _cargo(["cargo", "zigbuild"], arch, target_dir)
+    return target_dir / f"{arch}-unknown-linux-gnu" / "release" / "lib_native.so"
+
+
+def clippy(arch: str, target_dir: Path) -> None:
+    """Clippy with warnings as errors on native/, built as the wheel is (same target, features, compilers and
+    environment), so the build scripts' outputs (OpenSSL, librdkafka) are reused rather than built again."""
+    _cargo(["cargo-zigbuild", "clippy"], arch, target_dir, "--quiet", "--", "-D", "warnings")
 
 
 def build_pure(out: Path) -> Path:
@@ -134,7 +143,13 @@ def main() -> int:
     parser.add_argument("--out", default="dist", help="where the wheels go (default dist/)")
     parser.add_argument("--target-dir", default=str(ROOT / ".cache" / "wheel-target"),
                         help="cargo's target dir for the portable builds (kept apart from make setup's)")
+    parser.add_argument("--clippy", action="store_true",
+                        help="run clippy -D warnings on native/ as it is built for the wheel, instead of building")
     args = parser.parse_args()
+    if args.clippy:
+        for arch in args.arch or ["x86_64"]:
+            clippy(arch, Path(args.target_dir))
+        return 0
     out = (ROOT / args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:

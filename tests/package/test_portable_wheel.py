@@ -1,10 +1,10 @@
-"""The portable wheel (``make wheels``) where there is no compiler, and the sdist where there is no toolchain.
+"""The portable wheels (``make wheels``) where there is no compiler, and the sdist with and without a toolchain.
 
-- The x86_64 ``manylinux_2_28`` wheel from ``dist/``: ``auditwheel show`` accepts it (the manylinux tag, no
-  library outside the policy's allow-list), and installed with ``--no-deps`` into a fresh virtualenv whose
-  PATH has no ``cargo`` or ``rustc``, ``lastagent._native`` loads and ``lastagent --version`` prints the
-  librdkafka and the static OpenSSL inside. A few seconds; skipped when ``dist/`` has no such wheel (run
-  ``make wheels``, about 10 minutes the first time).
+- This machine's ``manylinux_2_28`` wheel from ``dist/`` (``make setup`` builds it, as ``make wheels`` does):
+  ``auditwheel show`` accepts it (the manylinux tag, no library outside the policy's allow-list), and installed
+  with ``--no-deps`` into a fresh virtualenv whose PATH has no ``cargo`` or ``rustc``, ``lastagent._native``
+  loads and ``lastagent --version`` prints the librdkafka and the static OpenSSL inside. A few seconds.
+  (test_installed_wheel.py runs both links' queries from the same wheel.)
 - The aarch64 wheel under qemu-user (make aarch64-python): --version and a produce/consume round trip through
   ``lastagent._native``; skipped without the wheel or the emulator. About 10 seconds.
 - The sdist built where ``cargo`` is missing fails with lastagent's message naming the wheels, not a
@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -22,56 +23,35 @@ import venv
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, no_toolchain_env, portable_wheel
 
 pytestmark = pytest.mark.package
-
-ROOT = Path(__file__).resolve().parents[2]
-NO_TOOLCHAIN_PATH = os.pathsep.join(["/usr/local/bin", "/usr/bin", "/bin"])
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTHON", "LASTAGENT_", "VIRTUAL_ENV", "CARGO", "RUSTUP"))}
-    env["PATH"] = NO_TOOLCHAIN_PATH
-    for tool in ("cargo", "rustc"):
-        assert shutil.which(tool, path=NO_TOOLCHAIN_PATH) is None, f"{tool} is on {NO_TOOLCHAIN_PATH}: not a clean check"
-    return env
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def _portable_wheel() -> Path:
-    wheels = sorted((ROOT / "dist").glob("lastagent-*-cp310-abi3-manylinux_2_28_x86_64.whl"))
-    if not wheels:
-        pytest.skip("no dist/lastagent-*-cp310-abi3-manylinux_2_28_x86_64.whl: run make wheels")
-    return wheels[-1]
-
-
-def test_auditwheel_accepts_the_portable_wheel():
-    wheel = _portable_wheel()
+def test_auditwheel_accepts_the_portable_wheel(host_wheel):
     auditwheel = ROOT / ".cache" / "wheel-tools" / "bin" / "auditwheel"
-    if not auditwheel.exists():
-        pytest.skip("no .cache/wheel-tools/bin/auditwheel: run make wheels")
-    done = _run([str(auditwheel), "show", str(wheel)], ROOT, dict(os.environ))
+    assert auditwheel.exists(), "no .cache/wheel-tools/bin/auditwheel: make setup installs it"
+    done = _run([str(auditwheel), "show", str(host_wheel)], ROOT, dict(os.environ))
     assert done.returncode == 0, done.stdout + done.stderr
     text = " ".join((done.stdout + done.stderr).split())
     # auditwheel names the most compatible tag the symbols allow (2.28 or older) and, when the extension
     # needs a library outside the allow-list, says so and lists it.
-    tag = re.search(r'consistent with the following platform tag: "manylinux_(\d+)_(\d+)_x86_64"', text)
+    tag = re.search(rf'consistent with the following platform tag: "manylinux_(\d+)_(\d+)_{platform.machine()}"', text)
     assert tag, text
     assert (int(tag.group(1)), int(tag.group(2))) <= (2, 28), text
     assert "external shared libraries" not in text, text  # "The following external shared libraries are required"
 
 
-def test_portable_wheel_loads_without_a_toolchain(tmp_path):
-    wheel = _portable_wheel()
-    env = _env()
+def test_portable_wheel_loads_without_a_toolchain(tmp_path, host_wheel):
+    env = no_toolchain_env()
     users = tmp_path / "users-venv"
     venv.create(users, with_pip=True)
     python = str(users / "bin" / "python")
-    done = _run([python, "-m", "pip", "install", "-q", "--no-deps", "--only-binary", ":all:", str(wheel)], tmp_path, env)
+    done = _run([python, "-m", "pip", "install", "-q", "--no-deps", "--only-binary", ":all:", str(host_wheel)], tmp_path, env)
     assert done.returncode == 0, done.stdout + done.stderr
     work = tmp_path / "elsewhere"
     work.mkdir()
@@ -91,19 +71,44 @@ def test_portable_wheel_loads_without_a_toolchain(tmp_path):
     assert "pyspark not importable" in out, out  # --no-deps: no pyspark in this virtualenv
 
 
-def test_the_sdist_without_cargo_says_to_use_a_wheel(tmp_path):
-    """The sdist's own build step (what pip runs after fetching the build requirements; through pip the same
-    text shows under "Building wheel for lastagent (pyproject.toml) did not run successfully"), with no cargo
-    on PATH. The build hook is called directly so that no build requirements are fetched (about 2 s)."""
+def _sdist(tmp_path: Path) -> Path:
     sdist_dir = tmp_path / "sdist"
     made = _run([sys.executable, "setup.py", "-q", "sdist", "-d", str(sdist_dir)], ROOT, dict(os.environ))
     shutil.rmtree(ROOT / "build", ignore_errors=True)
     assert made.returncode == 0, made.stdout + made.stderr
-    sdist = next(sdist_dir.glob("lastagent-*.tar.gz"))
+    return next(sdist_dir.glob("lastagent-*.tar.gz"))
+
+
+@pytest.mark.source_build
+def test_the_sdist_builds_where_a_toolchain_is(tmp_path):
+    """Where no wheel fits (an older glibc, musl), pip builds the sdist: setuptools-rust compiles native/ with the
+    machine's compiler and OpenSSL 3 headers. The wheel it makes installs and its extension loads. A fresh
+    compile of librdkafka, Arrow and PyO3 (about 3 minutes): make test-wheel runs it, make test does not."""
+    env = {**os.environ, "CARGO_TARGET_DIR": str(tmp_path / "cargo-target")}
+    built = _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "out"),
+                  str(_sdist(tmp_path))], tmp_path, env, timeout=1200)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    wheel = next((tmp_path / "out").glob("lastagent-*.whl"))
+    assert "-cp310-abi3-linux_" in wheel.name, wheel.name  # built for this machine only: not a portable tag
+    users = tmp_path / "users-venv"
+    venv.create(users, with_pip=True)
+    python = str(users / "bin" / "python")
+    done = _run([python, "-m", "pip", "install", "-q", "--no-deps", str(wheel)], tmp_path, no_toolchain_env())
+    assert done.returncode == 0, done.stdout + done.stderr
+    loaded = _run([python, "-c", "import lastagent._native as n; print(n.librdkafka_version(), n.openssl_version())"],
+                  tmp_path, no_toolchain_env())
+    assert loaded.returncode == 0 and loaded.stdout.startswith("2.12.1 "), loaded.stdout + loaded.stderr
+
+
+def test_the_sdist_without_cargo_says_to_use_a_wheel(tmp_path):
+    """The sdist's own build step (what pip runs after fetching the build requirements; through pip the same
+    text shows under "Building wheel for lastagent (pyproject.toml) did not run successfully"), with no cargo
+    on PATH. The build hook is called directly so that no build requirements are fetched (about 2 s)."""
+    sdist = _sdist(tmp_path)
     shutil.unpack_archive(sdist, tmp_path / "unpacked")
     tree = next((tmp_path / "unpacked").glob("lastagent-*"))
     hook = "import sys; from setuptools import build_meta; build_meta.build_wheel(sys.argv[1])"
-    done = _run([sys.executable, "-c", hook, str(tmp_path / "wheel")], tree, _env())
+    done = _run([sys.executable, "-c", hook, str(tmp_path / "wheel")], tree, no_toolchain_env())
     assert done.returncode != 0
     out = done.stdout + done.stderr
     assert "needs a Rust toolchain" in out and "pip install --only-binary lastagent lastagent" in out, out
@@ -114,16 +119,16 @@ def test_aarch64_wheel_round_trip_under_emulation(tmp_path, kafka_bootstrap, new
     """The aarch64 wheel's extension under qemu-user with Debian's arm64 CPython 3.11 (make aarch64-python):
     ``lastagent --version``, then a transactional produce and a read back through ``lastagent._native``
     (dev/wheels/roundtrip.py). The wheel is unpacked, not pip-installed: that Python has no pip. About 10 s."""
-    wheels = sorted((ROOT / "dist").glob("lastagent-*-cp310-abi3-manylinux_2_28_aarch64.whl"))
+    wheel = portable_wheel("aarch64")
     emu = ROOT / ".cache" / "aarch64-python"
     qemu, sysroot = emu / "qemu" / "usr" / "bin" / "qemu-aarch64-static", emu / "sysroot"
-    if not wheels or not qemu.exists():
+    if wheel is None or not qemu.exists():
         pytest.skip("needs dist/lastagent-*-manylinux_2_28_aarch64.whl (make wheels) and .cache/aarch64-python "
                     "(make aarch64-python)")
     site = tmp_path / "site"
-    shutil.unpack_archive(wheels[-1], site, format="zip")
+    shutil.unpack_archive(wheel, site, format="zip")
     python = [str(qemu), "-L", str(sysroot), str(sysroot / "usr" / "bin" / "python3.11")]
-    env = _env()
+    env = no_toolchain_env()
     version = _run([*python, "-m", "lastagent.cli", "--version"], tmp_path, {**env, "PYTHONPATH": str(site)})
     assert version.returncode == 0, version.stdout + version.stderr
     assert "aarch64, glibc" in version.stdout and "librdkafka 2.12.1" in version.stdout, version.stdout
