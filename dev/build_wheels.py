@@ -47,6 +47,10 @@ def _env(arch: str, target_dir: Path) -> dict[str, str]:
         "AR": str(ROOT / "dev" / "wheels" / "zigar"),
         "RANLIB": str(ROOT / "dev" / "wheels" / "zigranlib"),
         "LASTAGENT_ZIG_TARGET": f"{arch}-linux-gnu.{GLIBC}",
+        # librdkafka's `make libs` builds its C++ library (src-cpp) too, which the extension does not link:
+        # make is told to build src only (a command-line variable, through GNUMAKEFLAGS because rdkafka-sys sets
+        # MAKEFLAGS itself). OpenSSL's make has no such variable.
+        "GNUMAKEFLAGS": "LIBSUBDIRS=src",
         # OpenSSL is linked in statically, so its OPENSSLDIR (/usr/local/ssl) is not where the system keeps its
         # CA certificates: with this, librdkafka probes the usual CA bundle paths (/etc/ssl/certs/ca-certificates.crt,
         # /etc/pki/tls/certs/ca-bundle.crt, ...) when no ssl.ca.location is given, as librdkafka's own static builds
