@@ -14,7 +14,7 @@ LOG       := .cache/setup.log
 # Portable wheels (docs/install.md): manylinux_2_28, cp310-abi3, for each of WHEEL_ARCHS, into dist/, without
 # Docker: cargo-zigbuild and zig (from PyPI) as C compiler and linker against glibc 2.28, OpenSSL and zlib built
 # from source and linked in statically (native/ feature `portable`); checked by auditwheel show. make setup builds
-# this machine's wheel and installs it, so the tests, the demo and users run the same extension. About 5 minutes
+# this machine's wheel and installs it, so the tests, the demo and users run the same extension. About 3 minutes
 # per architecture on a 2-core machine the first time (OpenSSL and librdkafka from source); cargo's target dir is
 # .cache/wheel-target, and after that only what changed is rebuilt. Needs cargo, and rustup's standard library
 # for each other architecture (rustup target add aarch64-unknown-linux-gnu).
