@@ -43,8 +43,7 @@ $(VENV)/.deps: pyproject.toml dev/requirements.py
 $(VENV)/.installed: $(VENV)/.deps $(WHEEL_TOOLS)/.installed dev/build_wheels.py $(SOURCES)
 	@command -v cargo >/dev/null || { $(NO_CARGO); exit 1; }
 	@echo "setup: building lastagent's portable wheel for $(HOST_ARCH) into dist/ and installing it (log: $(LOG))"
-	@$(WHEEL_TOOLS)/bin/python dev/build_wheels.py --arch $(HOST_ARCH) --out dist >>$(LOG) 2>&1 || (tail -30 $(LOG); exit 1)
-	@$(PIP) install -q --no-deps --force-reinstall dist/lastagent-*-cp310-abi3-manylinux_2_28_$(HOST_ARCH).whl >>$(LOG) 2>&1 \
+	@$(WHEEL_TOOLS)/bin/python dev/build_wheels.py --arch $(HOST_ARCH) --out dist --install-into $(PYTHON) >>$(LOG) 2>&1 \
 	  || (tail -30 $(LOG); exit 1)
 	@touch $@
 

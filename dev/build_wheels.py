@@ -13,6 +13,8 @@ Run from the repository root with the wheel tools' Python (the Makefile's ``.cac
 ziglang, cargo-zigbuild, auditwheel, setuptools, wheel; not setuptools-rust)::
 
     .cache/wheel-tools/bin/python dev/build_wheels.py --arch x86_64 --arch aarch64 --out dist
+    .cache/wheel-tools/bin/python dev/build_wheels.py --arch x86_64 --install-into .venv/bin/python  # make setup
+    .cache/wheel-tools/bin/python dev/build_wheels.py --arch x86_64 --clippy                          # make lint
 """
 
 from __future__ import annotations
@@ -146,10 +148,15 @@ def main() -> int:
     parser.add_argument("--arch", action="append", choices=["x86_64", "aarch64"], help="default: both")
     parser.add_argument("--out", default="dist", help="where the wheels go (default dist/)")
     parser.add_argument("--target-dir", default=str(ROOT / ".cache" / "wheel-target"),
-                        help="cargo's target dir for the portable builds (kept apart from make setup's)")
+                        help="cargo's target dir (default .cache/wheel-target: make setup, make wheels and make lint "
+                             "share it)")
+    parser.add_argument("--install-into", metavar="PYTHON",
+                        help="then install the wheel built (one --arch) into this Python, without its dependencies")
     parser.add_argument("--clippy", action="store_true",
                         help="run clippy -D warnings on native/ as it is built for the wheel, instead of building")
     args = parser.parse_args()
+    if args.install_into and len(args.arch or []) != 1:
+        parser.error("--install-into needs exactly one --arch (the installing Python's)")
     if args.clippy:
         for arch in args.arch or ["x86_64"]:
             clippy(arch, Path(args.target_dir))
@@ -165,6 +172,9 @@ def main() -> int:
             print(f"wheels: {wheel} ({wheel.stat().st_size / 1e6:.1f} MB; extension {native.stat().st_size / 1e6:.1f} MB "
                   f"uncompressed; {time.monotonic() - started:.0f} s)", flush=True)
             subprocess.run([str(Path(sys.executable).parent / "auditwheel"), "show", str(wheel)], check=True)
+            if args.install_into:
+                subprocess.run([args.install_into, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall",
+                                str(wheel)], check=True)
     return 0
 
 
