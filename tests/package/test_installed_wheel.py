@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, no_toolchain_env
+from support import read_committed
 
 pytestmark = pytest.mark.package
 
@@ -75,28 +76,6 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 900) -
     return done.stdout
 
 
-def _read_committed(bootstrap: str, topic: str, expected: int) -> list[str]:
-    """Every committed record of ``topic`` (one partition), read from the start by a consumer of its own."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{topic}", "enable.auto.commit": False,
-                         "isolation.level": "read_committed"})
-    try:
-        _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)
-        consumer.assign([TopicPartition(topic, 0, 0)])
-        values: list[str] = []
-        # Bounded: the high watermark (commit markers included) is reached, or 60 empty polls.
-        for _ in range(60):
-            message = consumer.poll(1.0)
-            if message is not None and message.error() is None:
-                values.append(message.value().decode())
-            if message is not None and message.offset() >= high - 2 and len(values) >= expected:
-                break
-        return values
-    finally:
-        consumer.close()
-
-
 def test_the_portable_wheel_runs_both_links_without_a_compiler(tmp_path, host_wheel, kafka_bootstrap, new_topic):
     from confluent_kafka import Producer
 
@@ -123,8 +102,8 @@ def test_the_portable_wheel_runs_both_links_without_a_compiler(tmp_path, host_wh
     assert delta_rows == repr(expected), printed
     assert int(delta_epochs) >= ROWS // 5, printed  # maxOffsetsPerTrigger=5: several epochs, each decided
     assert int(lines["kafka"]) >= ROWS // 5, printed
-    assert sorted(_read_committed(kafka_bootstrap, out, ROWS)) == expected
-    assert len(_read_committed(kafka_bootstrap, side, ROWS)) == ROWS  # the side topic: one JSON row per record
+    assert sorted(v.decode() for _, v in read_committed(kafka_bootstrap, out, ROWS)) == expected
+    assert len(read_committed(kafka_bootstrap, side, ROWS)) == ROWS  # the side topic: one JSON row per record
 
     status = _run([str(users / "bin" / "lastagent"), "status", "--link", "wheel-to-kafka", "--arbitration-table",
                    str(work / "arb"), "--bootstrap-servers", kafka_bootstrap, "--json"], work, env, timeout=120)
