@@ -6,9 +6,10 @@ Formats ``lastagent-kafka`` and ``lastagent-delta`` are discovered by Spark 4 fr
 
 from typing import Any
 
-from lastagent.errors import DataLossError, KafkaProtocolError, LastAgentError, OptionError
+from lastagent.errors import DataLossError, KafkaProtocolError, LastAgentError, OptionError, UnsupportedSparkError
 
-__all__ = ["DataLossError", "KafkaProtocolError", "LastAgentError", "OptionError", "register", "reliable_groups"]
+__all__ = ["DataLossError", "KafkaProtocolError", "LastAgentError", "OptionError", "UnsupportedSparkError", "register",
+           "reliable_groups"]
 
 
 def register(spark: Any) -> None:
@@ -18,14 +19,12 @@ def register(spark: Any) -> None:
     modules; registering twice is harmless.
 
     Raises:
-        LastAgentError: pyspark is older than 4.0, which has no Python Data Source API.
+        UnsupportedSparkError: pyspark is older than 4.0 (no Python Data Source API for streaming), or newer
+            than every Spark minor lastagent was tested on (:mod:`lastagent.spark_versions`).
     """
-    import pyspark
+    from lastagent.spark_versions import require_supported
 
-    major = int(str(pyspark.__version__).split(".")[0])
-    if major < 4:
-        raise LastAgentError(f"lastagent needs Spark 4.0 or newer (Python Data Source API); this runtime has "
-                             f"pyspark {pyspark.__version__}")
+    require_supported()
     from lastagent.formats import DeltaDataSource, KafkaDataSource
 
     spark.dataSource.register(KafkaDataSource)

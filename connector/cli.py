@@ -240,13 +240,15 @@ def version_text() -> tuple[str, bool]:
         ok = True
     lines.append(f"Python {platform.python_version()} ({platform.python_implementation()}), "
                  f"{platform.machine()}, glibc {platform.libc_ver()[1] or '?'}")
-    lines.append(_spark_discovery())
-    return "\n".join(lines), ok
+    spark, spark_ok = _spark_discovery()
+    lines.append(spark)
+    return "\n".join(lines), ok and spark_ok
 
 
-def _spark_discovery() -> str:
+def _spark_discovery() -> tuple[str, bool]:
     """Whether this Python's Spark finds the two formats: Spark 4 registers each importable top-level module
-    named ``pyspark_*`` that has a ``DefaultSource``; looked up here without importing pyspark's JVM side."""
+    named ``pyspark_*`` that has a ``DefaultSource``; looked up here without importing pyspark's JVM side. False
+    with a pyspark lastagent does not run on (no pyspark at all is not an error: a driver may have none)."""
     import importlib.util
 
     modules = ["pyspark_lastagent_kafka", "pyspark_lastagent_delta"]
@@ -256,10 +258,14 @@ def _spark_discovery() -> str:
         import pyspark
     except ImportError:
         spark = "pyspark not importable in this Python (the Spark runtime's Python must have lastagent installed)"
+        why = None
     else:
-        major = int(str(pyspark.__version__).split(".")[0])
-        spark = f"pyspark {pyspark.__version__}" + ("" if major >= 4 else ": Spark 4.0 or newer is needed")
-    return f"Spark formats lastagent-kafka, lastagent-delta ({', '.join(modules)}): {where}; {spark}"
+        from lastagent.spark_versions import differences, refusal, untested_allowed
+
+        version = str(pyspark.__version__)
+        why = refusal(version, untested_allowed())
+        spark = f"pyspark {version}: " + (f"NOT SUPPORTED: {why}" if why else f"supported ({differences(version)})")
+    return f"Spark formats lastagent-kafka, lastagent-delta ({', '.join(modules)}): {where}; {spark}", why is None
 
 
 class _Version(argparse.Action):

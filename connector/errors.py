@@ -38,3 +38,10 @@ class DataLossError(LastAgentError):
 
     Raised only when ``failOnDataLoss`` is true; the message names topic, partition and offsets.
     """
+
+
+class UnsupportedSparkError(LastAgentError):
+    """The pyspark in this Python is one lastagent does not run on (older than 4.0) or was never tested on.
+
+    The message names the version found and the versions lastagent runs on.
+    """

@@ -1,4 +1,8 @@
-"""The Spark data source classes behind the ``lastagent-*`` formats. Driver side."""
+"""The Spark data source classes behind the ``lastagent-*`` formats. Driver side.
+
+Each entry point first checks that this pyspark is one lastagent runs on (:mod:`lastagent.spark_versions`), so an
+unsupported Spark is named at query start rather than met as an import error inside a pyspark traceback.
+"""
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, DataSourceStreamWriter
 from pyspark.sql.types import StructType
@@ -19,6 +23,9 @@ class KafkaDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:  # Spark's API
         """Driver: a batch read (``spark.read``) between the starting and ending offsets."""
+        from lastagent.spark_versions import require_supported
+
+        require_supported()
         from lastagent.sources.kafka_source import KafkaBatchReader
         from lastagent.sources.kafka_source_options import KafkaSourceOptions
 
@@ -29,14 +36,19 @@ class KafkaDataSource(DataSource):
         from lastagent.errors import LastAgentError
         from lastagent.sources.kafka_source import FailedStreamReader, KafkaStreamReader
         from lastagent.sources.kafka_source_options import KafkaSourceOptions
+        from lastagent.spark_versions import require_supported
 
         try:
+            require_supported()
             return KafkaStreamReader(KafkaSourceOptions.parse(self.options))
         except LastAgentError as e:
             return FailedStreamReader(e)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:  # Spark's API
         """Driver: the exactly-once sink's writer (pickled to executors for ``write``)."""
+        from lastagent.spark_versions import require_supported
+
+        require_supported()
         from lastagent.sinks.kafka_sink import KafkaStreamWriter
 
         return KafkaStreamWriter(dict(self.options), schema)
@@ -52,6 +64,9 @@ class DeltaDataSource(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:  # Spark's API
         """Driver: the sink's writer; options and the table's schema are checked here, at query start."""
         from lastagent.errors import OptionError
+        from lastagent.spark_versions import require_supported
+
+        require_supported()
         from lastagent.sinks.delta_sink import DeltaStreamWriter
 
         if overwrite:

@@ -11,9 +11,10 @@ at query start.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from lastagent.errors import OptionError
 
@@ -291,3 +292,40 @@ class OptionTable:
     def rows(self) -> list[OptionRow]:
         """The table for docs/options.md, in declaration order."""
         return [OptionRow(o.name, o.type, o.default, o.range_text(), o.doc) for o in self]
+
+
+# -- durations, pure ------------------------------------------------------------------------------
+
+_UNITS_MS = {"ms": 1, "millisecond": 1, "milliseconds": 1, "s": 1000, "second": 1000, "seconds": 1000,
+             "m": 60_000, "min": 60_000, "minute": 60_000, "minutes": 60_000, "h": 3_600_000, "hour": 3_600_000,
+             "hours": 3_600_000, "d": 86_400_000, "day": 86_400_000, "days": 86_400_000}
+_XSD_DURATION = re.compile(r"^P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+(?:\.\d+)?)S)?)?$")
+
+
+def parse_duration(value: Any, what: str) -> int:
+    """Milliseconds of a duration: an integer (ms), ``"<n> <unit>"`` (ms, seconds, minutes, hours,
+    days) or an xsd:duration of days and times (``PT30S``, ``P1DT2H``).
+
+    Raises:
+        ValueError: naming ``what`` and the forms accepted.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{what}: {value!r} is not a duration")
+    if isinstance(value, int):
+        ms = value
+    else:
+        text = str(value).strip()
+        m = re.fullmatch(r"(\d+)\s*([a-zA-Z]*)", text)
+        x = _XSD_DURATION.match(text)
+        if m and (m.group(2) == "" or m.group(2).lower() in _UNITS_MS):
+            ms = int(m.group(1)) * _UNITS_MS.get(m.group(2).lower(), 1)
+        elif x and text != "P" and not text.endswith("T"):
+            d, h, mi, s = x.groups()
+            ms = (int(d or 0) * 86_400_000 + int(h or 0) * 3_600_000 + int(mi or 0) * 60_000
+                  + round(float(s or 0) * 1000))
+        else:
+            raise ValueError(f"{what}: {text!r} is not a duration; give milliseconds (30000), '<n> <unit>' "
+                             "('30 seconds', '10 minutes') or an xsd:duration without years or months ('PT30S')")
+    if ms <= 0:
+        raise ValueError(f"{what}: {value!r} is not a positive duration")
+    return ms

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.datasource import WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from lastagent import faults
@@ -55,6 +55,7 @@ from lastagent.sinks.query_run import (
 )
 from lastagent.sinks.table_rows import RowChecker
 from lastagent.sinks.task_outputs import TaskOutputs
+from lastagent.spark_api import StreamWriter, arrow_input
 from lastagent.storage import require_reachable
 
 log = logging.getLogger("lastagent.delta")
@@ -84,7 +85,7 @@ def _delta_schema_json(schema: pa.Schema) -> str:
     return Schema.from_arrow(delta_arrow_schema(schema)).to_json()
 
 
-class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
+class DeltaStreamWriter(StartsWhenShipped, StreamWriter):
     """Spark's stream writer for ``lastagent-delta``.
 
     Args:
@@ -94,6 +95,7 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
 
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.options = DeltaSinkOptions.parse(options)
+        self.schema = schema  # pyspark 4.0 hands write() rows: arrow_input makes Arrow of them again
         # The refusal columns of lastagent.reliable_groups go to the dead letters, never to the table.
         self.query_schema_json = strip_refusal_columns(schema.json())
         self.table_schema_json: str | None = None
@@ -232,7 +234,7 @@ class DeltaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
                            opts.target_file_bytes, storage=opts.storage, physical=physical)
         outputs = TaskOutputs(opts, epoch, generation, partition, attempt)
         try:
-            for incoming in iterator:
+            for incoming in arrow_input(iterator, self.schema):
                 kept = dead_letters.filter_headers(incoming, opts.keep_headers, opts.drop_headers)
                 batch, refused = split_refused(kept)
                 for row, rule, reason in refused:

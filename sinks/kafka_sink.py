@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.datasource import WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from lastagent import faults
@@ -45,6 +45,7 @@ from lastagent.sinks.query_run import (
     task_generation,
     task_run,
 )
+from lastagent.spark_api import StreamWriter, arrow_input
 from lastagent.storage import require_reachable
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ class BranchMessage(WriterCommitMessage):
     records: int = 0
 
 
-class KafkaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
+class KafkaStreamWriter(StartsWhenShipped, StreamWriter):
     """Spark's stream writer for ``lastagent-kafka``.
 
     Args:
@@ -82,6 +83,7 @@ class KafkaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.options = KafkaSinkOptions.parse(options)
         self.columns = check_schema(schema, self.options.topic)
+        self.schema = schema  # pyspark 4.0 hands write() rows: arrow_input makes Arrow of them again
         self.started: Started | None = None
 
     def start(self) -> Started:
@@ -125,7 +127,7 @@ class KafkaStreamWriter(StartsWhenShipped, DataSourceStreamArrowWriter):
         try:
             cols, topic = self.columns, self.options.topic
             simple = topic is not None and not (cols.has_partition or cols.has_headers)
-            for batch in iterator:
+            for batch in arrow_input(iterator, self.schema):
                 if simple and topic is not None:
                     keys, values = simple_columns(batch)
                     writer.send_columns(topic, keys, values)

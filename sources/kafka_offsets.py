@@ -67,6 +67,20 @@ def rate_limit(start: Mapping[TP, int], latest: Mapping[TP, int], max_rows: int)
     return out
 
 
+def hold_back(start: Mapping[TP, int], latest: Mapping[TP, int], min_rows: int, max_delay_ms: int,
+              last_batch_ms: int, now_ms: int) -> bool:
+    """True when the next batch should wait under ``minOffsetsPerTrigger`` / ``maxTriggerDelay``.
+
+    Spark's kafka source's rule: never once ``max_delay_ms`` has passed since the last batch let
+    through (``last_batch_ms``; 0 before the first, so a query's first trigger always runs); else
+    while fewer than ``min_rows`` offsets are new over all partitions (a partition new to
+    ``start`` counts from offset 0). Pure: no I/O, runs on the driver.
+    """
+    if now_ms - last_batch_ms >= max_delay_ms:
+        return False
+    return sum(max(0, off - start.get(tp, 0)) for tp, off in latest.items()) < min_rows
+
+
 @dataclass(frozen=True)
 class OffsetRange:
     """One Spark partition's work: offsets [start, until) of one topic-partition."""

@@ -1,9 +1,10 @@
 """The ``lastagent-kafka`` streaming source on Spark 4's Python Data Source API.
 
 * :class:`KafkaStreamReader` runs on the driver (in Spark's long-lived Python source
-  process): it resolves starting offsets, plans each micro-batch under Spark's admission
-  control (``maxOffsetsPerTrigger`` → :class:`ReadMaxRows`), detects data loss, and commits
-  processed offsets to ``kafka.group.id`` when one is set.
+  process): it resolves starting offsets, plans each micro-batch under admission control
+  (``maxOffsetsPerTrigger``, ``minOffsetsPerTrigger``, ``maxTriggerDelay``: Spark's on 4.2+,
+  the reader's own before), detects data loss, and commits processed offsets to
+  ``kafka.group.id`` when one is set.
 * :func:`read_range` runs on executors, one Spark task per offset range: it reads the range
   with a reused librdkafka consumer of ``lastagent._native``, straight into pyarrow record batches of at most
   ``maxRecordsPerArrowBatch`` rows, so a task's memory is bounded whatever the partition's size.
@@ -25,7 +26,6 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -45,11 +45,13 @@ from lastagent.sources.kafka_offsets import (
     OffsetReader,
     check_loss,
     from_json,
+    hold_back,
     plan_ranges,
     rate_limit,
     to_json,
 )
 from lastagent.sources.kafka_source_options import EARLIEST, LATEST, KafkaSourceOptions
+from lastagent.spark_api import ADMISSION_CONTROL, ReadAllAvailable, ReadLimit, ReadMaxRows, ReadMinRows, SupportsTriggerAvailableNow
 
 log = logging.getLogger("lastagent.source")
 
@@ -83,6 +85,14 @@ class KafkaInputPartition(InputPartition):
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Plans micro-batches over Kafka offsets. Driver side.
 
+    One reader serves every Spark 4 minor. pyspark 4.2+ sees ``latestOffset(start, limit)`` and treats
+    it as a source with admission control; 4.0 and 4.1 call ``latestOffset()`` with neither, and the
+    reader supplies both: the start is the end of the newest batch Spark planned (Spark passes a
+    restarted query's last end through ``partitions(end, end)`` before it asks) or, before any, a new
+    query's initial offsets (Spark asks for the end of its first batch before its start); the limit is
+    the options'. Both give the same batches; only ``Trigger.AvailableNow`` differs before 4.2, where
+    Spark asks for the end once per run (:mod:`lastagent.spark_api`).
+
     Args:
         options: the checked options (parsed once, at query start).
     """
@@ -93,6 +103,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now: dict[TP, int] | None = None
         self._latest: dict[TP, int] = {}
         self._group_committed: dict[TP, int] = {}
+        self._initial: dict | None = None
+        self._planned: dict[TP, int] | None = None
+        self._last_batch_ms = 0
+        self._said_capped = False
         self._known = set(self.offsets.partitions(must_exist=True))
         self.offsets.require_group_access()
 
@@ -110,24 +124,47 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- start ----------------------------------------------------------------------------
 
     def initialOffset(self) -> dict:  # Spark's API
-        """Resolves startingOffsets / startingTimestamp / startingOffsetsByTimestamp (new query only)."""
-        return to_json(starting_offsets(self.offsets, self.options, sorted(self._known)))
+        """Resolves startingOffsets / startingTimestamp / startingOffsetsByTimestamp (new query only).
+
+        Resolved once: before 4.2 the reader plans a new query's first batch from it before Spark asks.
+        """
+        if self._initial is None:
+            self._initial = to_json(starting_offsets(self.offsets, self.options, sorted(self._known)))
+        return self._initial
 
     # -- each trigger -----------------------------------------------------------------------
 
-    def getDefaultReadLimit(self) -> ReadLimit:  # Spark's API
-        """``maxOffsetsPerTrigger`` as Spark's admission control sees it."""
-        n = self.options.max_offsets_per_trigger
-        return ReadMaxRows(n) if n else ReadAllAvailable()
+    def getDefaultReadLimit(self) -> ReadLimit:  # Spark's API (4.2+)
+        """``maxOffsetsPerTrigger`` (or else ``minOffsetsPerTrigger``) as Spark's admission control sees it.
 
-    def prepareForTriggerAvailableNow(self) -> None:  # Spark's API
+        Spark has no composite limit for Python sources: :meth:`latestOffset` takes both bounds from
+        the options whatever limit Spark passes back, unless it is :class:`ReadAllAvailable`.
+        """
+        o = self.options
+        if o.max_offsets_per_trigger:
+            return ReadMaxRows(o.max_offsets_per_trigger)
+        if o.min_offsets_per_trigger:
+            return ReadMinRows(o.min_offsets_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:  # Spark's API (4.2+)
         """Trigger.AvailableNow: fixes the end at the offsets available now."""
         tps = self.offsets.partitions()
         self._available_now = self.offsets.latest(tps)
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:  # Spark's API
-        """The end of the next batch: latest (stable) offsets, new partitions from earliest, rate-limited."""
-        begin = from_json(start)
+    def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:  # Spark's API
+        """The end of the next batch: latest (stable) offsets, new partitions from earliest, under admission control.
+
+        Args:
+            start: the batch's start (pyspark 4.2+); None before 4.2, when the reader knows it itself.
+            limit: Spark's read limit (4.2+); None before 4.2, when the options' limits apply.
+        """
+        if start is not None:
+            begin = from_json(start)
+        elif self._planned is not None:
+            begin = dict(self._planned)
+        else:
+            begin = from_json(self.initialOffset())
         # Spark asks for the next batch's end only once the previous batch is done (and calls
         # commit() only when a next batch starts): report the finished position to the group now.
         self._commit_group(begin)
@@ -141,16 +178,40 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         latest = self._available_now if self._available_now is not None else self.offsets.latest(tps)
         latest = {tp: max(off, begin.get(tp, off)) for tp, off in latest.items() if tp in begin}
         self._latest = latest
-        if isinstance(limit, ReadMaxRows):
-            latest = rate_limit(begin, latest, limit.max_rows)
+        cap, minimum = self._limits(limit)
+        now_ms = int(time.time() * 1000)
+        if minimum and hold_back(begin, latest, minimum, self.options.max_trigger_delay_ms, self._last_batch_ms, now_ms):
+            # No batch this trigger: the end Spark already has (its start) leaves it nothing new to run.
+            return start if start is not None else to_json(begin)
+        self._last_batch_ms = now_ms
+        if cap:
+            capped = rate_limit(begin, latest, cap)
+            if not ADMISSION_CONTROL and capped != latest and not self._said_capped:
+                self._said_capped = True
+                log.warning("maxOffsetsPerTrigger=%d holds this batch to %d of %d new offsets; before Spark 4.2 "
+                            "a Trigger.AvailableNow run asks a Python source once, so such a run ends after this "
+                            "one batch (a processing-time trigger runs the rest in later batches)", cap,
+                            sum(capped[tp] - begin.get(tp, 0) for tp in capped),
+                            sum(latest[tp] - begin.get(tp, 0) for tp in latest))
+            latest = capped
         return to_json({**begin, **latest})
 
-    def reportLatestOffset(self) -> dict | None:  # Spark's API
+    def _limits(self, limit: ReadLimit | None) -> tuple[int | None, int | None]:
+        """(maxOffsetsPerTrigger, minOffsetsPerTrigger) for this trigger: none under Spark's
+        :class:`ReadAllAvailable`; no minimum under Trigger.AvailableNow, which must end."""
+        if isinstance(limit, ReadAllAvailable):
+            return None, None
+        cap = limit.max_rows if isinstance(limit, ReadMaxRows) else self.options.max_offsets_per_trigger
+        minimum = None if self._available_now is not None else self.options.min_offsets_per_trigger
+        return cap, minimum
+
+    def reportLatestOffset(self) -> dict | None:  # Spark's API (4.2+)
         return to_json(self._latest) if self._latest else None
 
     def partitions(self, start: dict, end: dict) -> list[KafkaInputPartition]:
         """One task per offset range (split further under minPartitions)."""
         begin, until = from_json(start), from_json(end)
+        self._planned = dict(until)  # before 4.2, the start of the next batch (latestOffset)
         new = [tp for tp in until if tp not in begin]
         if new:
             # A partition first seen in this batch is read from its earliest offset (as Spark's

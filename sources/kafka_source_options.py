@@ -4,8 +4,9 @@ The names, defaults and meaning follow Spark's built-in ``kafka`` source, so swi
 change of format name: ``kafka.bootstrap.servers`` and any ``kafka.*`` consumer setting pass
 through to the client; exactly one of ``subscribe``, ``subscribePattern``, ``assign``;
 ``startingOffsets``, ``startingTimestamp``, ``startingOffsetsByTimestamp``,
-``maxOffsetsPerTrigger``, ``minPartitions``, ``failOnDataLoss``, ``includeHeaders``; for batch
-reads (``spark.read``) also ``endingOffsets``, ``endingTimestamp``, ``endingOffsetsByTimestamp``.
+``maxOffsetsPerTrigger``, ``minOffsetsPerTrigger``, ``maxTriggerDelay``, ``minPartitions``,
+``failOnDataLoss``, ``includeHeaders``; for batch reads (``spark.read``) also ``endingOffsets``,
+``endingTimestamp``, ``endingOffsetsByTimestamp``.
 Every error names the option and what would be right.
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 
 from lastagent.errors import OptionError
 from lastagent.kafka.config import KafkaConfig
-from lastagent.options import Option, OptionTable
+from lastagent.options import Option, OptionTable, parse_duration
 
 #: Consumer settings the source owns, as in Spark's kafka source: a user value would break
 #: offset tracking (Spark's checkpoint holds the offsets) or the row schema.
@@ -52,7 +53,15 @@ SOURCE_OPTIONS = OptionTable([
            "When no offset has a timestamp >= the given one: error (fail the query) or latest.",
            choices=("error", "latest")),
     Option("maxOffsetsPerTrigger", "integer", "", "Upper bound on offsets per micro-batch, shared across partitions in "
-                                                  "proportion to their backlog (Spark's admission control).", minimum=1),
+                                                  "proportion to their backlog (Spark's admission control). Before "
+                                                  "Spark 4.2, Trigger.AvailableNow asks a Python source once per run, "
+                                                  "so that run reads one batch of at most this many.", minimum=1),
+    Option("minOffsetsPerTrigger", "integer", "", "Lower bound on offsets per micro-batch: a trigger with fewer new "
+                                                  "offsets (summed over partitions) runs no batch, until "
+                                                  "maxTriggerDelay has passed since the last batch. Ignored under "
+                                                  "Trigger.AvailableNow on Spark 4.2+, which must end.", minimum=1),
+    Option("maxTriggerDelay", "string", "15m", "With minOffsetsPerTrigger: the longest a batch is held back for too "
+                                               "few offsets, as Spark's time strings: 15m, 30s, 500ms, 1h."),
     Option("minPartitions", "integer", "", "Split large offset ranges so a batch has at least this many Spark "
                                            "partitions.", minimum=1),
     Option("failOnDataLoss", "boolean", "true", "Fail the query when offsets it should read are gone (retention, "
@@ -154,6 +163,8 @@ class KafkaSourceOptions:
         ending: batch reads: "latest", or topic → partition → offset (-1 latest).
         ending_timestamp: batch reads: one end timestamp for every partition, or None.
         ending_by_timestamp: batch reads: topic → partition → end timestamp, or None.
+        max_offsets_per_trigger, min_offsets_per_trigger: admission control's bounds per batch, or None.
+        max_trigger_delay_ms: the longest a batch waits for ``min_offsets_per_trigger`` offsets.
     """
 
     client_config: KafkaConfig
@@ -169,6 +180,8 @@ class KafkaSourceOptions:
     ending_timestamp: int | None = None
     ending_by_timestamp: dict[str, dict[int, int]] | None = None
     max_offsets_per_trigger: int | None = None
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_ms: int = 15 * 60_000
     min_partitions: int | None = None
     fail_on_data_loss: bool = True
     include_headers: bool = False
@@ -283,6 +296,8 @@ class KafkaSourceOptions:
             ending_timestamp=end_ts,
             ending_by_timestamp=end_by_ts,
             max_offsets_per_trigger=SOURCE_OPTIONS.integer(opts, "maxOffsetsPerTrigger"),
+            min_offsets_per_trigger=SOURCE_OPTIONS.integer(opts, "minOffsetsPerTrigger"),
+            max_trigger_delay_ms=_duration(opts, "maxTriggerDelay"),
             min_partitions=SOURCE_OPTIONS.integer(opts, "minPartitions"),
             fail_on_data_loss=SOURCE_OPTIONS.boolean(opts, "failOnDataLoss"),
             include_headers=SOURCE_OPTIONS.boolean(opts, "includeHeaders"),
@@ -291,3 +306,13 @@ class KafkaSourceOptions:
             batch_rows=SOURCE_OPTIONS.integer_value(opts, "maxRecordsPerArrowBatch"),
             group_id_prefix=SOURCE_OPTIONS.raw(opts, "groupIdPrefix").strip() or "lastagent-source",
         )
+
+
+def _duration(opts: Mapping[str, str], name: str) -> int:
+    """Milliseconds of a time-string option (``15m``, ``30s``, ``500ms``), named in the error."""
+    text = SOURCE_OPTIONS.raw(opts, name).strip() or str(SOURCE_OPTIONS[name].default)  # blank: the default
+    try:
+        return parse_duration(text, name)
+    except ValueError:
+        raise OptionError(name, f"{text!r} is not a duration; give a number and a unit, as Spark's time strings: "
+                                "500ms, 30s, 15m, 1h") from None

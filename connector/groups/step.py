@@ -33,6 +33,7 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 from lastagent.errors import LastAgentError, OptionError
 from lastagent.groups import rules as group_rules
 from lastagent.groups.refusals import REFUSED_REASON, REFUSED_RULE
+from lastagent.options import parse_duration
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -54,42 +55,7 @@ ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvi
 _PROVIDER = "spark.sql.streaming.stateStore.providerClass"
 _HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 
-_UNITS_MS = {"ms": 1, "millisecond": 1, "milliseconds": 1, "s": 1000, "second": 1000, "seconds": 1000,
-             "m": 60_000, "min": 60_000, "minute": 60_000, "minutes": 60_000, "h": 3_600_000, "hour": 3_600_000,
-             "hours": 3_600_000, "d": 86_400_000, "day": 86_400_000, "days": 86_400_000}
-_XSD_DURATION = re.compile(r"^P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+(?:\.\d+)?)S)?)?$")
-
-
 # -- values, pure ---------------------------------------------------------------------------------
-
-
-def parse_duration(value: Any, what: str) -> int:
-    """Milliseconds of a duration: an integer (ms), ``"<n> <unit>"`` (ms, seconds, minutes, hours,
-    days) or an xsd:duration of days and times (``PT30S``, ``P1DT2H``).
-
-    Raises:
-        ValueError: naming ``what`` and the forms accepted.
-    """
-    if isinstance(value, bool):
-        raise ValueError(f"{what}: {value!r} is not a duration")
-    if isinstance(value, int):
-        ms = value
-    else:
-        text = str(value).strip()
-        m = re.fullmatch(r"(\d+)\s*([a-zA-Z]*)", text)
-        x = _XSD_DURATION.match(text)
-        if m and (m.group(2) == "" or m.group(2).lower() in _UNITS_MS):
-            ms = int(m.group(1)) * _UNITS_MS.get(m.group(2).lower(), 1)
-        elif x and text != "P" and not text.endswith("T"):
-            d, h, mi, s = x.groups()
-            ms = (int(d or 0) * 86_400_000 + int(h or 0) * 3_600_000 + int(mi or 0) * 60_000
-                  + round(float(s or 0) * 1000))
-        else:
-            raise ValueError(f"{what}: {text!r} is not a duration; give milliseconds (30000), '<n> <unit>' "
-                             "('30 seconds', '10 minutes') or an xsd:duration without years or months ('PT30S')")
-    if ms <= 0:
-        raise ValueError(f"{what}: {value!r} is not a positive duration")
-    return ms
 
 
 def parse_time(text: str, what: str) -> int:

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from lastagent.errors import DataLossError, OptionError
-from lastagent.sources.kafka_offsets import check_loss, from_json, plan_ranges, rate_limit, to_json
+from lastagent.sources.kafka_offsets import check_loss, from_json, hold_back, plan_ranges, rate_limit, to_json
 from lastagent.sources.kafka_source_options import KafkaSourceOptions
 
 pytestmark = pytest.mark.unit
@@ -169,3 +169,29 @@ def test_task_consumer_settings_defaults_user_settings_and_fixed_ones():
     assert theirs["fetch.queue.backoff.ms"] == "1000" and theirs["group.id"] == "mine"
     assert (theirs["auto.offset.reset"], theirs["enable.auto.commit"], theirs["enable.partition.eof"]) == (
         "error", "false", "true")
+
+
+def test_min_offsets_per_trigger_and_max_trigger_delay_as_sparks_kafka_source():
+    o = parse()
+    assert o.min_offsets_per_trigger is None and o.max_trigger_delay_ms == 15 * 60_000  # Spark's default: 15m
+    o = parse(minOffsetsPerTrigger="100", maxTriggerDelay="30s")
+    assert o.min_offsets_per_trigger == 100 and o.max_trigger_delay_ms == 30_000
+    assert parse(maxTriggerDelay="500ms").max_trigger_delay_ms == 500
+    assert parse(maxTriggerDelay="2h").max_trigger_delay_ms == 7_200_000
+    assert parse(maxTriggerDelay=" ").max_trigger_delay_ms == 15 * 60_000
+    with pytest.raises(OptionError, match="option 'maxTriggerDelay': 'soon' is not a duration; .*500ms, 30s, 15m"):
+        parse(maxTriggerDelay="soon")
+    with pytest.raises(OptionError, match="option 'minOffsetsPerTrigger'.*>= 1"):
+        parse(minOffsetsPerTrigger="0")
+
+
+def test_hold_back_waits_for_min_rows_until_the_delay_passes():
+    start, latest = {("t", 0): 10, ("t", 1): 0}, {("t", 0): 14, ("t", 1): 3}  # 7 new offsets
+    assert hold_back(start, latest, 8, 1_000, last_batch_ms=5_000, now_ms=5_500)  # too few, too soon
+    assert not hold_back(start, latest, 7, 1_000, last_batch_ms=5_000, now_ms=5_500)  # enough
+    assert not hold_back(start, latest, 8, 1_000, last_batch_ms=5_000, now_ms=6_000)  # waited long enough
+    assert not hold_back(start, latest, 8, 1_000, last_batch_ms=0, now_ms=5_500)  # a query's first trigger runs
+    # a partition the start lacks counts from 0, as in Spark; a latest behind the start counts nothing
+    assert not hold_back({("t", 0): 10}, {("t", 0): 10, ("t", 1): 8}, 8, 1_000, 5_000, 5_500)
+    assert hold_back({("t", 0): 10}, {("t", 0): 9}, 1, 1_000, 5_000, 5_500)
+
