@@ -23,7 +23,7 @@ WHEEL_ARCHS ?= x86_64 aarch64
 WHEEL_TOOLS := .cache/wheel-tools
 NO_CARGO    := echo "setup: cargo not found: lastagent's Kafka path (native/) is Rust; install a toolchain with rustup (https://rustup.rs)"
 
-.PHONY: setup wheels aarch64-python run test test-unit test-integration test-chaos test-chaos-full test-wheel test-cluster test-kafka-cluster test-connect test-notebook test-soak soak lint kafka-up kafka-down kafka-up-secured kafka-down-secured kafka-up-cluster kafka-down-cluster s3-up s3-down bench clean docs
+.PHONY: setup wheels aarch64-python run test test-unit test-integration test-chaos test-chaos-full test-wheel test-spark-versions test-cluster test-kafka-cluster test-connect test-notebook test-soak soak lint kafka-up kafka-down kafka-up-secured kafka-down-secured kafka-up-cluster kafka-down-cluster s3-up s3-down bench clean docs
 
 setup: $(VENV)/.installed .cache/kafka/jars/.complete .cache/spark/jars/.complete .cache/s3/jars/.complete \
        .cache/spark/s3a-jars/.complete
@@ -115,11 +115,12 @@ s3-down:
 run: setup kafka-up
 	@$(PYTHON) dev/demo.py
 
-# Every tier but the two cluster tiers, the soak and the sdist's compile from source (make test-cluster, make
-# test-kafka-cluster, make test-soak, make test-wheel): with them the run would pass its 40-minute budget on a
-# 2-core machine.
+# Every tier but the two cluster tiers, the Spark-version matrix, the soak and the sdist's compile from source
+# (make test-cluster, make test-kafka-cluster, make test-spark-versions, make test-soak, make test-wheel): with them
+# the run would pass its 40-minute budget on a 2-core machine. CI (.ci/run) runs make test-spark-versions after it.
 test: setup lint
-	$(PYTEST) tests -m "not soak and not cluster and not kafka_cluster and not source_build" --durations=40
+	$(PYTEST) tests -m "not soak and not cluster and not kafka_cluster and not source_build and not spark_versions" \
+	  --durations=40
 
 # Zero findings: ruff on the tree, mypy on the package as installed (py.typed), clippy on native/ (every
 # unsafe block documented: clippy::undocumented_unsafe_blocks). Clippy runs as setup's build does (dev/build_wheels.py
@@ -147,6 +148,12 @@ test-chaos-full: setup
 # minutes, only here); the aarch64 wheel under qemu-user once make wheels and make aarch64-python made it.
 test-wheel: setup
 	$(PYTEST) tests/package
+
+# Every Spark 4 minor (4.0, 4.1, 4.2, 4.3; the newest patch of each): the portable wheel and that pyspark in a fresh
+# virtualenv outside the repository, no compiler on PATH; both links with a driver SIGKILLed and restarted, admission
+# control; read back by deltalake and a read_committed consumer (tests/spark_versions; about 8 minutes).
+test-spark-versions: setup
+	$(PYTEST) tests/spark_versions --durations=10
 
 # A Spark standalone cluster (master + two workers on 127.0.0.1): the three links, a driver and a worker killed.
 test-cluster: setup

@@ -89,7 +89,7 @@ else:
 
 
 __all__ = ["ADMISSION_CONTROL", "ARROW_WRITER", "ReadAllAvailable", "ReadLimit", "ReadMaxRows", "ReadMinRows",
-           "StreamWriter", "SupportsTriggerAvailableNow", "arrow_input"]
+           "StreamWriter", "SupportsTriggerAvailableNow", "arrow_input", "require_arrow_input"]
 
 
 # -- pyspark 4.0's rows back into Arrow (executor) ------------------------------------------------
@@ -111,6 +111,18 @@ def arrow_input(iterator: Iterable[Any], schema: StructType) -> Iterator[pa.Reco
     if ARROW_WRITER:
         return iter(iterator)
     return rows_to_arrow(iterator, schema)
+
+
+def require_arrow_input(schema: StructType) -> None:
+    """At query start (driver): refuses, naming the column, a schema whose rows pyspark 4.0 could not give back
+    as Arrow; nothing on a Spark whose writers get Arrow.
+
+    Raises:
+        UnsupportedSparkError: naming the column and its type.
+    """
+    if not ARROW_WRITER:
+        for f in schema.fields:
+            _arrow_type(f.dataType, f.name)
 
 
 def rows_to_arrow(rows: Iterable[Any], schema: StructType, rows_per_batch: int = ROWS_PER_BATCH

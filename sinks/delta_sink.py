@@ -55,7 +55,7 @@ from lastagent.sinks.query_run import (
 )
 from lastagent.sinks.table_rows import RowChecker
 from lastagent.sinks.task_outputs import TaskOutputs
-from lastagent.spark_api import StreamWriter, arrow_input
+from lastagent.spark_api import StreamWriter, arrow_input, require_arrow_input
 from lastagent.storage import require_reachable
 
 log = logging.getLogger("lastagent.delta")
@@ -96,6 +96,7 @@ class DeltaStreamWriter(StartsWhenShipped, StreamWriter):
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.options = DeltaSinkOptions.parse(options)
         self.schema = schema  # pyspark 4.0 hands write() rows: arrow_input makes Arrow of them again
+        require_arrow_input(schema)
         # The refusal columns of lastagent.reliable_groups go to the dead letters, never to the table.
         self.query_schema_json = strip_refusal_columns(schema.json())
         self.table_schema_json: str | None = None

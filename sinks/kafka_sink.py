@@ -45,7 +45,7 @@ from lastagent.sinks.query_run import (
     task_generation,
     task_run,
 )
-from lastagent.spark_api import StreamWriter, arrow_input
+from lastagent.spark_api import StreamWriter, arrow_input, require_arrow_input
 from lastagent.storage import require_reachable
 
 if TYPE_CHECKING:
@@ -84,6 +84,7 @@ class KafkaStreamWriter(StartsWhenShipped, StreamWriter):
         self.options = KafkaSinkOptions.parse(options)
         self.columns = check_schema(schema, self.options.topic)
         self.schema = schema  # pyspark 4.0 hands write() rows: arrow_input makes Arrow of them again
+        require_arrow_input(schema)
         self.started: Started | None = None
 
     def start(self) -> Started:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import platform
+import shutil
 import signal
 import socket
 import subprocess
@@ -221,3 +223,25 @@ def grant_all(grant: Callable[..., None], acls: list[tuple], principal: str = "a
     """Grants each of ``acls`` (from :func:`link_acls`) to ``principal`` on the secured broker."""
     for rtype, name, ops, pattern in acls:
         grant(principal, rtype, name, ops, pattern=pattern)
+
+
+# Where a cluster node's Python and Java are; rustup's ~/.cargo/bin is not among them.
+NO_TOOLCHAIN_PATH = os.pathsep.join(["/usr/local/bin", "/usr/bin", "/bin"])
+
+
+def no_toolchain_env() -> dict[str, str]:
+    """This process's environment without Python, virtualenv, lastagent, cargo or rustup settings, and a PATH
+    on which neither ``cargo`` nor ``rustc`` is found (asserted, so that the check cannot pass by accident)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYTHON", "LASTAGENT_", "VIRTUAL_ENV", "CARGO", "RUSTUP", "PYSPARK_"))}
+    env["PATH"] = NO_TOOLCHAIN_PATH
+    for tool in ("cargo", "rustc"):
+        assert shutil.which(tool, path=NO_TOOLCHAIN_PATH) is None, f"{tool} is on {NO_TOOLCHAIN_PATH}: not a clean check"
+    return env
+
+
+def portable_wheel(arch: str | None = None) -> Path | None:
+    """``dist/``'s ``manylinux_2_28`` wheel for ``arch`` (this machine's by default), or None."""
+    arch = arch or platform.machine()
+    wheels = sorted((Path(__file__).resolve().parents[1] / "dist").glob(f"lastagent-*-cp310-abi3-manylinux_2_28_{arch}.whl"))
+    return wheels[-1] if wheels else None

@@ -60,11 +60,17 @@ def session_members(sid: int) -> list[int]:
 class ConnectServer:
     """One Spark Connect server on ``127.0.0.1:port``; ``workdir`` holds its log, warehouse and cwd."""
 
-    def __init__(self, port: int, workdir: Path, jars_dir: Path | None = None) -> None:
+    def __init__(self, port: int, workdir: Path, jars_dir: Path | None = None, python: str | None = None,
+                 spark_submit: Path | None = None, delta: bool = True) -> None:
+        """``python`` and ``spark_submit``: another environment's (tests/spark_versions' virtualenvs), else this
+        one's; ``delta``: with delta-spark's jars, extension and catalog (``make setup``'s jars)."""
         self.port = port
         self.workdir = workdir
         self.log = workdir / "connect-server.log"
         self.jars_dir = jars_dir or Path(os.environ.get("LASTAGENT_SPARK_JARS", "") or ROOT / ".cache" / "spark" / "jars")
+        self.python = python or sys.executable
+        self.spark_submit = spark_submit or Path(pyspark.__file__).resolve().parent / "bin" / "spark-submit"
+        self.delta = delta
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -73,15 +79,13 @@ class ConnectServer:
         return f"sc://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        jars = sorted(str(p) for p in self.jars_dir.glob("*.jar"))
-        if not jars:
+        jars = sorted(str(p) for p in self.jars_dir.glob("*.jar")) if self.delta else []
+        if self.delta and not jars:
             raise FileNotFoundError(f"no jars in {self.jars_dir}: run `make setup` or set LASTAGENT_SPARK_JARS")
         conf = {
             "spark.connect.grpc.binding.address": "127.0.0.1",
             "spark.connect.grpc.binding.port": str(self.port),
             "spark.connect.grpc.port.maxRetries": "0",  # the restart must come back on the same port, or fail
-            "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
-            "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
             "spark.sql.shuffle.partitions": "2",
             # Delta rebuilds a snapshot's state in 50 tasks by default: ~30 s of a loaded 2-core machine.
             "spark.databricks.delta.snapshotPartitions": "2",
@@ -95,9 +99,11 @@ class ConnectServer:
             "spark.driver.extraJavaOptions": f"-Dderby.system.home={self.workdir / 'derby'} "
                                              f"-Dlog4j2.configurationFile=file:{self.log4j()}",
         }
-        spark_submit = Path(pyspark.__file__).resolve().parent / "bin" / "spark-submit"
-        cmd = [str(spark_submit), "--master", "local[2]", "--class", SERVER_CLASS,
-               "--name", "lastagent-connect-tests", "--jars", ",".join(jars)]
+        if self.delta:
+            conf["spark.sql.extensions"] = "io.delta.sql.DeltaSparkSessionExtension"
+            conf["spark.sql.catalog.spark_catalog"] = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+        cmd = [str(self.spark_submit), "--master", "local[2]", "--class", SERVER_CLASS,
+               "--name", "lastagent-connect-tests"] + (["--jars", ",".join(jars)] if jars else [])
         for key, value in conf.items():
             cmd += ["--conf", f"{key}={value}"]
         return [*cmd, "spark-internal"]
@@ -126,7 +132,7 @@ class ConnectServer:
         """Starts the server and waits (bounded) until its gRPC port answers."""
         if _answers(self.port):
             raise RuntimeError(f"port {self.port} already answers before the Connect server started")
-        env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+        env = dict(os.environ, PYSPARK_PYTHON=self.python, PYSPARK_DRIVER_PYTHON=self.python,
                    SPARK_LOCAL_IP="127.0.0.1")
         for key in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE", "SPARK_HOME", "SPARK_CONF_DIR"):
             env.pop(key, None)

@@ -23,6 +23,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from lastagent import spark_api
 from lastagent.errors import UnsupportedSparkError
 from lastagent.spark_api import arrow_input, rows_to_arrow
 
@@ -58,9 +59,9 @@ def _spark_batch() -> pa.RecordBatch:
 
 def _as_pyspark_40_rows(batch: pa.RecordBatch) -> list:
     """What pyspark 4.0's write_into_data_source hands a stream writer: its batch_to_rows."""
-    from pyspark.sql.types import _create_row
-
     import inspect
+
+    from pyspark.sql.types import _create_row
 
     # pyspark 4.0's converters give bytearray for binary; later ones say so with binary_as_bytes=False.
     as_40 = {"binary_as_bytes": False} if "binary_as_bytes" in inspect.signature(
@@ -96,8 +97,6 @@ def test_rows_are_batched_and_nothing_is_lost():
 
 
 def test_arrow_batches_pass_through_on_a_spark_that_sends_them():
-    from lastagent import spark_api
-
     batch = _spark_batch()
     if spark_api.ARROW_WRITER:
         assert list(arrow_input(iter([batch]), SCHEMA)) == [batch]
@@ -109,3 +108,8 @@ def test_a_type_rows_cannot_carry_back_is_refused_by_column():
     schema = StructType([StructField("value", BinaryType()), StructField("payload", ArrayType(VariantType()))])
     with pytest.raises(UnsupportedSparkError, match="column 'payload' has type variant, .*Spark 4.1 or newer"):
         list(rows_to_arrow([], schema))
+    if not spark_api.ARROW_WRITER:  # pyspark 4.0: refused at query start, on the driver
+        with pytest.raises(UnsupportedSparkError, match="column 'payload'"):
+            spark_api.require_arrow_input(schema)
+    else:
+        spark_api.require_arrow_input(schema)  # later minors hand the writer Arrow: nothing to refuse
