@@ -315,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             _require_table(committer, args)
             if args.command == "status":
                 status = status_document(committer, args.epochs)
+                _require_link(committer, args, status)
                 print(json.dumps(status, indent=2)) if args.json else _print_status(status)
                 open_hazards = [h for h in status["hazards"] if not h["accepted"]]
                 return 1 if status["in_doubt"] or open_hazards else 0
@@ -333,6 +334,18 @@ def _require_table(committer: Any, args: argparse.Namespace) -> None:
     if table is None:
         raise ArbitrationError(f"{'--arbitration-table' if args.arbitration_table else '--table'} {path}: no Delta "
                                "table there; give the path the query uses")
+
+
+def _require_link(committer: Any, args: argparse.Namespace, status: dict[str, Any]) -> None:
+    """Fails when the table knows nothing of the link (never claimed, nothing decided, nothing open): a link name
+    mistyped or never run there must not read as a healthy, empty link."""
+    from lastagent.core.arbitration import ArbitrationError
+
+    if status["in_doubt"] or status["latest_decided_epoch"] is not None or committer.store.ownership(committer.link):
+        return
+    flag = "--arbitration-table" if args.arbitration_table else "--table"
+    raise ArbitrationError(f"link {committer.link}: no such link is known in {flag} {args.arbitration_table or args.table} "
+                           "(no query with this link option ever ran there); check --link and the path")
 
 
 def _accept_lost(committer: Any, epoch: int, as_json: bool) -> int:

@@ -117,6 +117,18 @@ def test_status_of_a_table_that_is_not_there_fails(kafka_bootstrap, tmp_path):
         assert not (tmp_path / "nowhere").exists()
 
 
+def test_status_of_a_link_that_never_ran_there_fails(kafka_bootstrap, tmp_path):
+    """A mistyped --link must not read as a healthy link with nothing in doubt."""
+    arb = str(tmp_path / "arb")
+    store = DeltaArbitrationStore(arb)
+    store.decide(ArbitrationRecord("ran", 0, "ran:0", ()), store.claim("ran", "q").generation)
+    result = lastagent("status", "--link", "never-ran", "--arbitration-table", arb, "--bootstrap-servers", kafka_bootstrap)
+    assert result.returncode == 2, result.stdout
+    assert f"link never-ran: no such link is known in --arbitration-table {arb}" in result.stderr
+    known = lastagent("status", "--link", "ran", "--arbitration-table", arb, "--bootstrap-servers", kafka_bootstrap)
+    assert known.returncode == 0, known.stdout + known.stderr
+
+
 def test_storage_settings_reach_the_command(kafka_bootstrap):
     """``--storage KEY=VALUE`` is the query's ``storage.*``: a bad one is refused naming it, before any I/O."""
     out = lastagent("status", "--link", "orders", "--table", "s3a://lake/orders", "--bootstrap-servers",

@@ -138,7 +138,7 @@ def connect(spark: SparkSession) -> None:
     def run(query, name: str) -> None:
         query.awaitTermination(DEADLINE_S)
         assert not query.isActive and query.exception() is None, (name, query.exception())
-        print("connect", json.dumps({"query": name, "rows": sum(p["numInputRows"] for p in query.recentProgress)}),
+        print("connect", json.dumps({"query": name, "rows": sum(p.get("numInputRows") or 0 for p in query.recentProgress)}),
               flush=True)
 
     run(source(spark, ENV["TOPIC"]).selectExpr("key", "value").writeStream.format("lastagent-kafka")

@@ -29,6 +29,8 @@ from lastagent.kafka.xa import BranchHandle, EndOutcome, EndResult, OpenTransact
 from lastagent.sinks.epoch_timings import keep_timings, previous_timings
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 
+pytestmark = pytest.mark.unit
+
 LINK = "orders"
 TIMEOUT_MS = 60_000
 

@@ -12,6 +12,21 @@ from lastagent.spark_versions import ALLOW_UNTESTED, differences, parse_version,
 pytestmark = pytest.mark.unit
 
 
+class Session:
+    """What register() uses of a SparkSession: its ``dataSource.register``; records the formats' names."""
+
+    def __init__(self) -> None:
+        self.registered: list[str] = []
+        session = self
+
+        class DataSourceRegistration:
+            @staticmethod
+            def register(source):
+                session.registered.append(source.name())
+
+        self.dataSource = DataSourceRegistration
+
+
 @pytest.mark.parametrize("version", ["3.5.1", "3.3.0", "2.4.8"])
 def test_an_older_spark_is_named(monkeypatch, version):
     import pyspark
@@ -30,17 +45,10 @@ def test_a_spark_never_tested_is_refused_unless_the_user_allows_it(monkeypatch):
     monkeypatch.delenv(ALLOW_UNTESTED, raising=False)
     with pytest.raises(UnsupportedSparkError, match=f"pyspark 4.4.0 is newer than .*set {ALLOW_UNTESTED}=1"):
         lastagent.register(object())
-    registered = []
-
-    class Session:
-        class dataSource:  # SparkSession's attribute name
-            @staticmethod
-            def register(source):
-                registered.append(source.name())
-
     monkeypatch.setenv(ALLOW_UNTESTED, "1")
-    lastagent.register(Session())
-    assert registered == ["lastagent-kafka", "lastagent-delta"]
+    session = Session()
+    lastagent.register(session)
+    assert session.registered == ["lastagent-kafka", "lastagent-delta"]
 
 
 @pytest.mark.parametrize(("version", "parsed", "refused"), [
@@ -72,13 +80,8 @@ def test_version_names_the_spark_and_fails_on_one_not_supported(monkeypatch):
 
 
 def test_both_formats_are_registered():
-    registered = []
-
-    class Session:
-        class dataSource:  # SparkSession's attribute name
-            @staticmethod
-            def register(source):
-                registered.append(source.name())
-
-    lastagent.register(Session())
-    assert registered == ["lastagent-kafka", "lastagent-delta"]
+    session = Session()
+    lastagent.register(session)
+    session_again = Session()
+    lastagent.register(session_again)  # registering twice is harmless
+    assert session.registered == session_again.registered == ["lastagent-kafka", "lastagent-delta"]
