@@ -159,12 +159,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             start: the batch's start (pyspark 4.2+); None before 4.2, when the reader knows it itself.
             limit: Spark's read limit (4.2+); None before 4.2, when the options' limits apply.
         """
-        if start is not None:
-            begin = from_json(start)
-        elif self._planned is not None:
-            begin = dict(self._planned)
-        else:
-            begin = from_json(self.initialOffset())
+        if start is None:  # before 4.2: the end of the batch Spark last planned, or a new query's start
+            start = to_json(self._planned) if self._planned is not None else self.initialOffset()
+        begin = from_json(start)
         # Spark asks for the next batch's end only once the previous batch is done (and calls
         # commit() only when a next batch starts): report the finished position to the group now.
         self._commit_group(begin)
@@ -182,7 +179,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         now_ms = int(time.time() * 1000)
         if minimum and hold_back(begin, latest, minimum, self.options.max_trigger_delay_ms, self._last_batch_ms, now_ms):
             # No batch this trigger: the end Spark already has (its start) leaves it nothing new to run.
-            return start if start is not None else to_json(begin)
+            return start
         self._last_batch_ms = now_ms
         if cap:
             capped = rate_limit(begin, latest, cap)
