@@ -80,18 +80,21 @@ def read_to(progress: dict) -> int:
 def watch(queries: dict, until_all_read: bool) -> None:
     """Prints each new batch's progress; returns once every query has read all ROWS (if asked)."""
     seen = {name: -1 for name in queries}
+    read = {name: 0 for name in queries}
     deadline = time.monotonic() + DEADLINE_S
     while time.monotonic() < deadline:
+        # Idle first, then print: a batch that ends between the two is printed before the loop can end.
+        idle = {name: not q.status["isTriggerActive"] for name, q in queries.items()}
         for name, q in queries.items():
             if q.exception() is not None:
                 raise SystemExit(f"query {name} failed: {q.exception()}")
             for p in q.recentProgress:
                 if p["batchId"] > seen[name]:
                     seen[name] = p["batchId"]
+                    read[name] = max(read[name], read_to(p))
                     print("progress", name, json.dumps({"batchId": p["batchId"], "rows": p["numInputRows"],
                                                         "readTo": read_to(p)}), flush=True)
-        if until_all_read and all(q.lastProgress and read_to(q.lastProgress) >= ROWS and not q.status["isTriggerActive"]
-                                  for q in queries.values()):
+        if until_all_read and all(read[name] >= ROWS and idle[name] for name in queries):
             return
         time.sleep(0.2)
     raise SystemExit(f"not every record read after {DEADLINE_S} s: {seen}")
