@@ -117,7 +117,7 @@ run: setup kafka-up
 
 # Every tier but the two cluster tiers, the Spark-version matrix, the soak and the sdist's compile from source
 # (make test-cluster, make test-kafka-cluster, make test-spark-versions, make test-soak, make test-wheel): with them
-# the run would pass its 40-minute budget on a 2-core machine. CI (.ci/run) runs make test-spark-versions after it.
+# the run would pass its 40-minute budget on a 2-core machine.
 test: setup lint
 	$(PYTEST) tests -m "not soak and not cluster and not kafka_cluster and not source_build and not spark_versions" \
 	  --durations=40
