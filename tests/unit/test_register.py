@@ -85,3 +85,19 @@ def test_both_formats_are_registered():
     session_again = Session()
     lastagent.register(session_again)  # registering twice is harmless
     assert session.registered == session_again.registered == ["lastagent-kafka", "lastagent-delta"]
+
+
+@pytest.mark.parametrize("entry", ["reader", "streamReader", "streamWriter", "delta streamWriter"])
+def test_every_query_start_refuses_an_older_spark_by_name(monkeypatch, entry):
+    import pyspark
+
+    from lastagent.formats import DeltaDataSource, KafkaDataSource
+
+    monkeypatch.setattr(pyspark, "__version__", "3.5.1")
+    source = (DeltaDataSource if entry.startswith("delta") else KafkaDataSource)({})
+    call = {"reader": lambda: source.reader(None), "streamReader": lambda: source.streamReader(None).initialOffset(),
+            "streamWriter": lambda: source.streamWriter(None, False),
+            "delta streamWriter": lambda: source.streamWriter(None, False)}[entry]
+    with pytest.raises(UnsupportedSparkError, match="pyspark 3.5.1 has no Python Data Source API"):
+        call()
+
