@@ -35,7 +35,7 @@ import time
 from typing import Any, NoReturn
 
 from lastagent.core.figures import epoch_rows
-from lastagent.errors import LastAgentError
+from lastagent.errors import ArbitrationError, LastAgentError
 
 
 def _committer(args: argparse.Namespace) -> Any:
@@ -327,8 +327,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _require_table(committer: Any, args: argparse.Namespace) -> None:
     """Fails when the arbitration (or target) table is not there: a wrong path must not read as 'no doubt'."""
-    from lastagent.core.arbitration import ArbitrationError
-
     path = args.arbitration_table or args.table
     table = committer.store._table() if args.arbitration_table else committer.store.table()
     if table is None:
@@ -339,8 +337,6 @@ def _require_table(committer: Any, args: argparse.Namespace) -> None:
 def _require_link(committer: Any, args: argparse.Namespace, status: dict[str, Any]) -> None:
     """Fails when the table knows nothing of the link (never claimed, nothing decided, nothing open): a link name
     mistyped or never run there must not read as a healthy, empty link."""
-    from lastagent.core.arbitration import ArbitrationError
-
     if status["in_doubt"] or status["latest_decided_epoch"] is not None or committer.store.ownership(committer.link):
         return
     flag = "--arbitration-table" if args.arbitration_table else "--table"

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # a type only: this module imports nothing of lastagent at run time
+    from lastagent.kafka.xa import RefusedRecord
+
 
 class LastAgentError(Exception):
     """Base of every error lastagent raises on purpose."""
@@ -45,3 +51,142 @@ class UnsupportedSparkError(LastAgentError):
 
     The message names the version found and the versions lastagent runs on.
     """
+
+
+class KafkaUnavailableError(KafkaProtocolError):
+    """Kafka could not be asked within the budget: brokers away, leaders or the coordinator moving.
+
+    The message starts with the broker's condition (the last error seen), then what was asked and
+    how long it was tried. Nothing was decided on the strength of the missing answer.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retriable=True)
+
+
+class TokenError(KafkaProtocolError):
+    """No OAUTHBEARER token could be had: the endpoint refused the client, failed, or the provider raised."""
+
+
+class BranchError(LastAgentError):
+    """Writing or preparing a branch failed on the executor; the task fails and Spark retries it."""
+
+
+class RecordTooLarge(BranchError):
+    """The client refused a record at once: larger than the producer's ``message.max.bytes``.
+
+    Nothing was added to the branch, which stays usable (a caller may route the record elsewhere).
+    """
+
+
+class TransactionFailed(BranchError):
+    """The broker refused a record of the branch (or the transaction failed otherwise).
+
+    Kafka then fails the whole transaction: every record of it is dropped and nothing more can be
+    added. The branch has been aborted (unless the message says the abort failed), so it holds no
+    partition's last stable offset. Nothing of the records' contents is in the message.
+
+    Attributes:
+        refused: the first refused records (for a size refusal, the largest first).
+        failed: how many records failed in all.
+        dropped: how many more records were dropped with the failed transaction.
+        aborted: whether the branch was aborted before this was raised.
+    """
+
+    def __init__(self, message: str, refused: Sequence[RefusedRecord] = (), failed: int = 0, dropped: int = 0,
+                 aborted: bool = False) -> None:
+        super().__init__(message)
+        self.refused = tuple(refused)
+        self.failed = failed
+        self.dropped = dropped
+        self.aborted = aborted
+
+
+class ArbitrationError(LastAgentError):
+    """The arbitration table cannot be read or written; nothing was decided by this call."""
+
+
+class LinkMismatchError(ArbitrationError):
+    """The arbitration table belongs to another link (the `link` option was renamed)."""
+
+
+class LinkOwnedError(ArbitrationError):
+    """Another query (another checkpoint) owns the link; this one was refused and changed nothing."""
+
+
+class StaleOwnerError(ArbitrationError):
+    """A newer run of the link started (its generation moved on); this run may decide nothing more."""
+
+
+class DecidedBranchLostError(LastAgentError):
+    """A branch of a decided epoch can no longer be committed (expired or fenced).
+
+    The epoch's Delta/arbitration record says it committed, so its Kafka records are missing:
+    the query stops and names link, epoch and branch; nothing is silently dropped.
+    """
+
+
+class EpochNotDecidedError(LastAgentError):
+    """An epoch was not decided: one of its branches was gone or too close to its timeout.
+
+    Nothing of the epoch was committed and its branches were rolled back; Spark replays the epoch
+    from the same offsets when the query restarts. The message names the branch, the epoch's
+    duration and ``kafka.transaction.timeout.ms``.
+    """
+
+
+class DeadLetterError(LastAgentError):
+    """A record could be neither delivered nor dead-lettered; the batch fails, nothing is dropped."""
+
+
+class SchemaError(OptionError):
+    """The query's output columns do not fit the Kafka sink; names the column and the fix."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("schema", message)
+
+
+class UnsupportedTableFeatureError(LastAgentError):
+    """The table uses a Delta feature lastagent cannot write as Spark would; nothing was claimed or written.
+
+    Attributes:
+        feature: the feature's protocol name (or the property / column metadata that implies it).
+        table: the table's path.
+    """
+
+    def __init__(self, feature: str, table: str, role: str, why: str) -> None:
+        super().__init__(f"Delta table {table} ({role}) uses the table feature '{feature}', which lastagent-delta "
+                         f"does not write: {why}. Nothing was claimed or written. Write to a table without it "
+                         "(see docs/delta.md for the features lastagent writes)")
+        self.feature = feature
+        self.table = table
+
+
+class NotStartedError(LastAgentError):
+    """A task got a writer whose query start (claim and recovery) never ran: nothing is written."""
+
+
+class SchemaMismatchError(LastAgentError):
+    """The query's rows do not fit the table's schema; nothing was committed."""
+
+
+class TableChangedError(SchemaMismatchError):
+    """The table's features, constraints or generated columns changed while the epoch ran; nothing was committed."""
+
+
+class UnsupportedExpressionError(LastAgentError):
+    """A CHECK constraint or generation expression this module cannot evaluate exactly as Spark does.
+
+    The message names the rule (``what``), its SQL and the construct that is not supported.
+
+    Attributes:
+        what: the rule, e.g. ``CHECK constraint 'positive'``.
+        construct: what in the expression is not supported.
+    """
+
+    def __init__(self, what: str, sql: str, construct: str) -> None:
+        super().__init__(f"{what} ({sql}) cannot be evaluated by lastagent exactly as Spark's Delta writer does: "
+                         f"{construct}. Rewrite it with the supported constructs (see lastagent.sinks.delta_expressions) "
+                         "or write to this table with Spark's Delta writer")
+        self.what = what
+        self.construct = construct

@@ -29,13 +29,8 @@ from typing import Any
 import pyarrow as pa
 
 from lastagent import redact
-from lastagent.errors import LastAgentError
 
 HEADER_PREFIX = "lastagent.dlq."
-
-
-class DeadLetterError(LastAgentError):
-    """A record could be neither delivered nor dead-lettered; the batch fails, nothing is dropped."""
 
 
 def _json_default(value: Any) -> Any:

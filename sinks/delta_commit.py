@@ -44,9 +44,9 @@ from lastagent.core.arbitration import (
     until_committed,
 )
 from lastagent.core.figures import EpochFigures
-from lastagent.errors import LastAgentError
+from lastagent.errors import SchemaMismatchError, TableChangedError, UnsupportedTableFeatureError
 from lastagent.sinks import delta_files
-from lastagent.sinks.delta_features import TableRules, UnsupportedTableFeatureError, require_plain, rules_of
+from lastagent.sinks.delta_features import TableRules, require_plain, rules_of
 from lastagent.storage import Location, StorageConfig, location
 
 log = logging.getLogger("lastagent.delta")
@@ -54,14 +54,6 @@ log = logging.getLogger("lastagent.delta")
 #: Commits read back from the table's history in the first look for a link's record; the look
 #: widens (doubling) until the record or the table's first retained commit is reached.
 HISTORY_FIRST_LOOK = 100
-
-
-class SchemaMismatchError(LastAgentError):
-    """The query's rows do not fit the table's schema; nothing was committed."""
-
-
-class TableChangedError(SchemaMismatchError):
-    """The table's features, constraints or generated columns changed while the epoch ran; nothing was committed."""
 
 
 @dataclass(frozen=True)

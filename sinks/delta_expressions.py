@@ -84,31 +84,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from lastagent.errors import LastAgentError
+from lastagent.errors import UnsupportedExpressionError
 from lastagent.sinks.delta_features import Constraint, GeneratedColumn
 
 __all__ = ["RowRules", "UnsupportedExpressionError", "check_supported"]
 
 UTC_NAMES = frozenset({"UTC", "Etc/UTC", "GMT", "Etc/GMT", "Z", "+00:00", "Zulu", "UCT", "Etc/UCT", "Universal",
                        "Etc/Universal", "GMT0", "Etc/GMT0", "Etc/GMT+0", "Etc/GMT-0", "Greenwich", "Etc/Greenwich"})
-
-
-class UnsupportedExpressionError(LastAgentError):
-    """A CHECK constraint or generation expression this module cannot evaluate exactly as Spark does.
-
-    The message names the rule (``what``), its SQL and the construct that is not supported.
-
-    Attributes:
-        what: the rule, e.g. ``CHECK constraint 'positive'``.
-        construct: what in the expression is not supported.
-    """
-
-    def __init__(self, what: str, sql: str, construct: str) -> None:
-        super().__init__(f"{what} ({sql}) cannot be evaluated by lastagent exactly as Spark's Delta writer does: "
-                         f"{construct}. Rewrite it with the supported constructs (see lastagent.sinks.delta_expressions) "
-                         "or write to this table with Spark's Delta writer")
-        self.what = what
-        self.construct = construct
 
 
 class _Refuse(Exception):

@@ -19,23 +19,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lastagent.errors import LastAgentError
-
-
-class UnsupportedTableFeatureError(LastAgentError):
-    """The table uses a Delta feature lastagent cannot write as Spark would; nothing was claimed or written.
-
-    Attributes:
-        feature: the feature's protocol name (or the property / column metadata that implies it).
-        table: the table's path.
-    """
-
-    def __init__(self, feature: str, table: str, role: str, why: str) -> None:
-        super().__init__(f"Delta table {table} ({role}) uses the table feature '{feature}', which lastagent-delta "
-                         f"does not write: {why}. Nothing was claimed or written. Write to a table without it "
-                         "(see docs/delta.md for the features lastagent writes)")
-        self.feature = feature
-        self.table = table
+from lastagent.errors import UnsupportedTableFeatureError
 
 
 @dataclass(frozen=True)

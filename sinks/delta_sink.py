@@ -286,7 +286,8 @@ class DeltaStreamWriter(StartsWhenShipped, StreamWriter):
     # -- driver -----------------------------------------------------------------------------
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        from lastagent.core.committer import Committer, EpochNotDecidedError
+        from lastagent.core.committer import Committer
+        from lastagent.errors import EpochNotDecidedError
 
         msgs = [m for m in messages if isinstance(m, DeltaMessage)]
         generation = generation_of(msgs, batchId)

@@ -15,7 +15,7 @@ from typing import Any
 
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, StructType
 
-from lastagent.errors import OptionError
+from lastagent.errors import SchemaError
 from lastagent.groups.refusals import REFUSED_REASON, REFUSED_RULE
 
 #: (key, value, topic, partition, headers) for one Kafka record.
@@ -27,13 +27,6 @@ _ALLOWED = {
     "topic": (StringType,),
     "partition": (IntegerType,),
 }
-
-
-class SchemaError(OptionError):
-    """The query's output columns do not fit the Kafka sink; names the column and the fix."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__("schema", message)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lastagent.errors import LastAgentError
+from lastagent.errors import LastAgentError, NotStartedError
 
 BATCH_ID_PROPERTY = "streaming.sql.batchId"  # set by Spark's MicroBatchExecution on every task
 RUN_ID_PROPERTY = "spark.jobGroup.id"  # the run id: MicroBatchExecution's job group for every batch
@@ -51,10 +51,6 @@ def shipped(ownership: Any, decided_through: int, owner: str) -> Started:
     if ownership is None:
         return Started(0, decided_through, "", owner)
     return Started(ownership.generation, decided_through, ownership.run, owner)
-
-
-class NotStartedError(LastAgentError):
-    """A task got a writer whose query start (claim and recovery) never ran: nothing is written."""
 
 
 def task_epoch(ctx: Any) -> int:

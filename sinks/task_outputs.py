@@ -16,7 +16,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from lastagent.kafka.xa import BranchHandle, BranchWriter, RecordTooLarge, TransactionFailed
+from lastagent.errors import DeadLetterError, RecordTooLarge, TransactionFailed
+from lastagent.kafka.xa import BranchHandle, BranchWriter
 from lastagent.sinks import dead_letters
 from lastagent.sinks.delta_files import FileWriter
 from lastagent.sinks.delta_sink_options import DeltaSinkOptions
@@ -142,7 +143,7 @@ class TaskOutputs:
         shown = dead_letters.shown_error(error)
         opts = self.options
         if not (opts.dead_letter_topic or opts.dead_letter_table):
-            raise dead_letters.DeadLetterError(
+            raise DeadLetterError(
                 f"{where} failed ({reason}: {shown}) in task {self.task}, and no dead-letter target is configured; "
                 "set option deadLetterTopic (or deadLetterTable) to route such records, or fix the record. Nothing "
                 "was committed for this batch")
@@ -166,7 +167,7 @@ class TaskOutputs:
             refused = (f"dead-letter topic {opts.dead_letter_topic} did not take it after "
                        f"{opts.dead_letter_attempts} attempt(s): {last}")
         if self.table_files is None:
-            raise dead_letters.DeadLetterError(f"{where} failed ({reason}: {shown}) in task {self.task}, and "
+            raise DeadLetterError(f"{where} failed ({reason}: {shown}) in task {self.task}, and "
                                                f"{refused}; nothing was committed for this batch")
         # The next link of the chain: a row for the dead-letter table, committed after the epoch's decision.
         self._table_rows.append(dead_letters.table_row(key, value, headers))

@@ -25,26 +25,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
 from lastagent.core.figures import EpochFigures, figures_from_user_metadata
-from lastagent.errors import LastAgentError
+from lastagent.errors import ArbitrationError, LastAgentError, LinkMismatchError, LinkOwnedError, StaleOwnerError
 from lastagent.storage import StorageConfig, location
 
 log = logging.getLogger("lastagent.core.arbitration")
-
-
-class ArbitrationError(LastAgentError):
-    """The arbitration table cannot be read or written; nothing was decided by this call."""
-
-
-class LinkMismatchError(ArbitrationError):
-    """The arbitration table belongs to another link (the `link` option was renamed)."""
-
-
-class LinkOwnedError(ArbitrationError):
-    """Another query (another checkpoint) owns the link; this one was refused and changed nothing."""
-
-
-class StaleOwnerError(ArbitrationError):
-    """A newer run of the link started (its generation moved on); this run may decide nothing more."""
 
 
 @dataclass(frozen=True)

@@ -22,27 +22,10 @@ from lastagent.core.arbitration import ArbitrationRecord, ArbitrationStore, Delt
 from lastagent.core.checkpoint import CheckpointReader, SparkCheckpoint
 from lastagent.core.figures import EpochFigures, EpochTimings, oldest_age_ms
 from lastagent.core.protocol import Branch, CommitBranch, RollbackBranch, WriteDecision
-from lastagent.errors import LastAgentError, OptionError
+from lastagent.errors import ArbitrationError, DecidedBranchLostError, EpochNotDecidedError, LastAgentError, LinkMismatchError, OptionError
 from lastagent.kafka.xa import BranchHandle, EndOutcome, EndResult, KafkaXAResource, XAResource
 
 log = logging.getLogger("lastagent.core.committer")
-
-
-class DecidedBranchLostError(LastAgentError):
-    """A branch of a decided epoch can no longer be committed (expired or fenced).
-
-    The epoch's Delta/arbitration record says it committed, so its Kafka records are missing:
-    the query stops and names link, epoch and branch; nothing is silently dropped.
-    """
-
-
-class EpochNotDecidedError(LastAgentError):
-    """An epoch was not decided: one of its branches was gone or too close to its timeout.
-
-    Nothing of the epoch was committed and its branches were rolled back; Spark replays the epoch
-    from the same offsets when the query restarts. The message names the branch, the epoch's
-    duration and ``kafka.transaction.timeout.ms``.
-    """
 
 
 class Committer:
@@ -158,8 +141,6 @@ class Committer:
             return -1 if latest is None else latest
         decisions = {r.epoch: r for r in self.store.records(self.link)} if latest is not None else {}
         if latest is not None and latest not in decisions:
-            from lastagent.core.arbitration import ArbitrationError
-
             raise ArbitrationError(f"link {self.link!r}: the record of its newest decided epoch {latest} cannot be "
                                    "read; nothing was changed")
         handles = {Branch.of(h): h for r in decisions.values() for h in map(BranchHandle.from_json, r.branches)}
@@ -185,8 +166,6 @@ class Committer:
         to write before the store existed (a ``lastagent-delta`` first run on an empty topic), which
         the store has a record of.
         """
-        from lastagent.core.arbitration import LinkMismatchError
-
         if self.store.ownership(self.link) is not None:
             return
         through = self.checkpoint.committed_through()

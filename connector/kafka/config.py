@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lastagent.errors import OptionError
+from lastagent.kafka.oauth import tokens
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
@@ -347,8 +348,6 @@ class KafkaConfig(Mapping[str, str]):
             "bootstrap_timeout_ms": timeout_ms,
         }
         if sec.oauth is not None:
-            from lastagent.kafka.oauth import tokens
-
             out.update({"sasl_mechanism": "OAUTHBEARER", "sasl_oauth_token_provider": tokens(sec.oauth).kafka_python()})
         elif sec.sasl:
             out.update({"sasl_mechanism": sec.mechanism, "sasl_plain_username": sec.username,
@@ -362,16 +361,12 @@ class KafkaConfig(Mapping[str, str]):
         OAUTHBEARER. Driver or executor; tokens are fetched when librdkafka asks."""
         if self.security.oauth is None:
             return None
-        from lastagent.kafka.oauth import tokens
-
         return tokens(self.security.oauth).native
 
     def oauth_cb(self) -> dict[str, Any]:
         """``{"oauth_cb": ...}`` for a confluent-kafka client with OAUTHBEARER, else ``{}``."""
         if self.security.oauth is None:
             return {}
-        from lastagent.kafka.oauth import tokens
-
         return {"oauth_cb": tokens(self.security.oauth).confluent}
 
     def ssl_context(self) -> ssl.SSLContext:

@@ -25,10 +25,12 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lastagent.errors import KafkaProtocolError
-from lastagent.kafka.config import OAuth
+from lastagent.errors import TokenError
+
+if TYPE_CHECKING:  # only a type here: config.py imports this module for tokens(), so no import back at run time
+    from lastagent.kafka.config import OAuth
 
 #: A token is renewed when less than this share of its life is left; librdkafka asks again at 80% of a
 #: token's life (20% left), so it always gets a new one then.
@@ -36,10 +38,6 @@ RENEW_AT_LEFT = 0.25
 #: Tries of the token endpoint per token (connection failures and 5xx answers), with backoff.
 ENDPOINT_TRIES = 3
 _BACKOFF_S = 0.5
-
-
-class TokenError(KafkaProtocolError):
-    """No OAUTHBEARER token could be had: the endpoint refused the client, failed, or the provider raised."""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from lastagent.errors import KafkaProtocolError
+from lastagent.errors import KafkaProtocolError, KafkaUnavailableError
 
 log = logging.getLogger("lastagent.kafka")
 
@@ -49,17 +49,6 @@ RETRIABLE_CLIENT_ERRORS = frozenset({
     "NodeNotReadyError", "UnknownBrokerIdError", "KafkaConnectionError", "KafkaTimeoutError", "MetadataEmptyBrokerList",
     "NoBrokersAvailable", "StaleMetadata", "Cancelled", "CorrelationIdError", "TooManyInFlightRequests",
 })
-
-
-class KafkaUnavailableError(KafkaProtocolError):
-    """Kafka could not be asked within the budget: brokers away, leaders or the coordinator moving.
-
-    The message starts with the broker's condition (the last error seen), then what was asked and
-    how long it was tried. Nothing was decided on the strength of the missing answer.
-    """
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, retriable=True)
 
 
 def error_name(exc: BaseException) -> str:

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from lastagent import faults, redact
-from lastagent.errors import KafkaProtocolError, LastAgentError
+from lastagent.errors import BranchError, KafkaProtocolError, KafkaUnavailableError, RecordTooLarge, TransactionFailed
 from lastagent.kafka.config import KafkaConfig, access_hint, as_librdkafka_strings
-from lastagent.kafka.retry import RETRIABLE_NAMES, KafkaUnavailableError, is_retriable
+from lastagent.kafka.retry import RETRIABLE_NAMES, is_retriable
 from lastagent.kafka.wire import TransactionCoordinatorClient
 
 log = logging.getLogger("lastagent.kafka")
@@ -37,17 +37,6 @@ _GONE = frozenset({
     "INVALID_TXN_STATE", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH",
     "INVALID_PRODUCER_ID_MAPPING", "TRANSACTIONAL_ID_NOT_FOUND",
 })
-
-
-class BranchError(LastAgentError):
-    """Writing or preparing a branch failed on the executor; the task fails and Spark retries it."""
-
-
-class RecordTooLarge(BranchError):
-    """The client refused a record at once: larger than the producer's ``message.max.bytes``.
-
-    Nothing was added to the branch, which stays usable (a caller may route the record elsewhere).
-    """
 
 
 @dataclass(frozen=True)
@@ -93,29 +82,6 @@ class RefusedRecord:
             note = (f"; the record has {self.size} bytes, and it or the batch it was in is larger than the "
                     "topic's max.message.bytes or the broker's message.max.bytes")
         return f"{self.position()}: {self.text} ({self.error}{note})"
-
-
-class TransactionFailed(BranchError):
-    """The broker refused a record of the branch (or the transaction failed otherwise).
-
-    Kafka then fails the whole transaction: every record of it is dropped and nothing more can be
-    added. The branch has been aborted (unless the message says the abort failed), so it holds no
-    partition's last stable offset. Nothing of the records' contents is in the message.
-
-    Attributes:
-        refused: the first refused records (for a size refusal, the largest first).
-        failed: how many records failed in all.
-        dropped: how many more records were dropped with the failed transaction.
-        aborted: whether the branch was aborted before this was raised.
-    """
-
-    def __init__(self, message: str, refused: Sequence[RefusedRecord] = (), failed: int = 0, dropped: int = 0,
-                 aborted: bool = False) -> None:
-        super().__init__(message)
-        self.refused = tuple(refused)
-        self.failed = failed
-        self.dropped = dropped
-        self.aborted = aborted
 
 
 @dataclass(frozen=True)
@@ -513,7 +479,7 @@ class KafkaXAResource:
     coordinator or a leader moving, the transaction log short of in-sync replicas) within
     ``kafka.default.api.timeout.ms``, on a new client bootstrapped from any live broker
     (:meth:`TransactionCoordinatorClient.call`); only then does a call fail, with
-    :class:`~lastagent.kafka.retry.KafkaUnavailableError` naming the broker's condition.
+    :class:`~lastagent.errors.KafkaUnavailableError` naming the broker's condition.
 
     Args:
         client_config: kafka settings with the ``kafka.`` prefix removed (bootstrap.servers...).

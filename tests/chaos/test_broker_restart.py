@@ -15,7 +15,7 @@ from support import read_committed
 from lastagent import faults
 from lastagent.core.arbitration import InMemoryArbitrationStore
 from lastagent.core.committer import Committer
-from lastagent.kafka.retry import KafkaUnavailableError
+from lastagent.errors import KafkaUnavailableError
 from lastagent.kafka.xa import BranchWriter, KafkaXAResource
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 

@@ -105,7 +105,7 @@ def test_racing_deciders_exactly_one_wins_on_every_store(any_store):
 
 
 def test_one_owner_per_link_and_a_superseded_run_decides_nothing(any_store):
-    from lastagent.core.arbitration import LinkOwnedError, StaleOwnerError
+    from lastagent.errors import LinkOwnedError, StaleOwnerError
 
     first = any_store.claim("orders", "query-a")
     with pytest.raises(LinkOwnedError, match="link 'orders' is owned by query query-a.*this query \\(query-b\\)"):
@@ -126,7 +126,7 @@ def test_one_owner_per_link_and_a_superseded_run_decides_nothing(any_store):
 def test_a_store_sees_what_another_store_committed_since_its_last_look(kind, tmp_path, request):
     """A store opens its table once and then reads only newer log entries: every call must still see
     the newest version, or a decision could be taken on a stale view."""
-    from lastagent.core.arbitration import StaleOwnerError
+    from lastagent.errors import StaleOwnerError
 
     kind, _, place = kind.partition("-")
     base, storage = str(tmp_path), None
@@ -154,7 +154,7 @@ def test_a_store_sees_what_another_store_committed_since_its_last_look(kind, tmp
 def test_claim_racing_a_decision_leaves_no_decision_of_the_old_generation(tmp_path):
     """A claim and a decision that read the same snapshot: Delta lets one commit; a decision that
     lands must be of the generation that stood when it committed."""
-    from lastagent.core.arbitration import StaleOwnerError
+    from lastagent.errors import StaleOwnerError
 
     store = DeltaArbitrationStore(str(tmp_path / "arb"))
     for epoch in range(4):

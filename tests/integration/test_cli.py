@@ -89,7 +89,8 @@ def test_expired_decided_branch_is_reported_by_epoch_and_branch(kafka_bootstrap,
     assert "--accept-lost 4" in text.stdout
 
     # Every start stops on the lost branch, naming it, until an operator accepts the loss.
-    from lastagent.core.committer import Committer, DecidedBranchLostError
+    from lastagent.core.committer import Committer
+    from lastagent.errors import DecidedBranchLostError
     from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 
     options = KafkaSinkOptions.parse({"kafka.bootstrap.servers": kafka_bootstrap, "link": link,

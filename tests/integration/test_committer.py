@@ -9,7 +9,8 @@ import pytest
 from support import read_committed
 
 from lastagent.core.arbitration import ArbitrationRecord
-from lastagent.core.committer import Committer, DecidedBranchLostError
+from lastagent.core.committer import Committer
+from lastagent.errors import DecidedBranchLostError
 from lastagent.kafka.xa import BranchWriter
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 

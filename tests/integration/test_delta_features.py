@@ -214,7 +214,7 @@ def test_a_dead_letter_table_with_a_constraint_is_refused_at_start(spark, source
 def test_an_arbitration_table_with_a_constraint_is_refused(spark, tmp_path):
     """The Kafka sink's arbitration table (option arbitrationTable): lastagent's own rows only."""
     from lastagent.core.arbitration import DeltaArbitrationStore
-    from lastagent.sinks.delta_features import UnsupportedTableFeatureError
+    from lastagent.errors import UnsupportedTableFeatureError
 
     arb = str(tmp_path / "arb")
     _make(spark, "CREATE TABLE {t} (link STRING, epoch BIGINT, gxid STRING, branches STRING, decided_at TIMESTAMP, "
@@ -230,7 +230,8 @@ def test_a_table_changed_while_the_epoch_ran_is_not_committed(tmp_path):
     from deltalake import DeltaTable, write_deltalake
 
     from lastagent.core.arbitration import ArbitrationRecord
-    from lastagent.sinks.delta_commit import StagedEpoch, TableChangedError, TargetTableStore
+    from lastagent.errors import TableChangedError
+    from lastagent.sinks.delta_commit import StagedEpoch, TargetTableStore
     from lastagent.sinks.delta_features import TableRules
 
     path = str(tmp_path / "t")

@@ -13,7 +13,8 @@ import pytest
 from support import read_committed
 
 from lastagent import redact
-from lastagent.kafka.xa import BranchError, BranchHandle, BranchWriter, EndOutcome, KafkaXAResource, TransactionFailed
+from lastagent.errors import BranchError, TransactionFailed
+from lastagent.kafka.xa import BranchHandle, BranchWriter, EndOutcome, KafkaXAResource
 
 pytestmark = pytest.mark.integration
 

@@ -26,8 +26,8 @@ import support
 from confluent_kafka import Producer
 from support import grant_all, link_acls
 
-from lastagent.errors import KafkaProtocolError, OptionError
-from lastagent.kafka.xa import BranchError, BranchWriter, KafkaXAResource
+from lastagent.errors import BranchError, KafkaProtocolError, OptionError
+from lastagent.kafka.xa import BranchWriter, KafkaXAResource
 
 pytestmark = pytest.mark.integration
 

@@ -56,6 +56,15 @@ def _user_python(tmp_path: Path, pyspark: str, env: dict[str, str]) -> str:
     return python
 
 
+def _cause(log: str) -> str:
+    """The log's first Java or Python exception with what follows it, else its last 4,000 characters."""
+    for marker in ("Caused by:", "Exception", "Error"):
+        at = log.find(marker)
+        if at >= 0:
+            return log[max(0, at - 1000):at + 8000]
+    return log[-4000:]
+
+
 def _produce(bootstrap: str, topic: str, values: list[str]) -> None:
     from confluent_kafka import Producer
 
@@ -70,9 +79,12 @@ class Driver:
 
     def __init__(self, python: str, phase: str, work: Path, env: dict[str, str]) -> None:
         self.lines: list[str] = []
-        self.proc = subprocess.Popen([python, str(HERE / "links.py"), phase, str(work)], cwd=work, env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     start_new_session=True)
+        # stderr to a file: Spark's log would fill a pipe nobody reads until the end, and a failure needs all of it.
+        self.stderr = work / f"{phase}.stderr"
+        with self.stderr.open("w") as err:
+            self.proc = subprocess.Popen([python, str(HERE / "links.py"), phase, str(work)], cwd=work, env=env,
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
+                                         start_new_session=True)
 
     def read_until(self, done, timeout_s: float = 300) -> None:
         """Reads stdout lines until ``done(lines)`` or the process ends; fails with its stderr on a timeout."""
@@ -88,8 +100,8 @@ class Driver:
     def finish(self, timeout_s: float = 300) -> None:
         self.read_until(lambda _: False, timeout_s)
         rc = self.proc.wait(timeout_s)
-        err = self.proc.stderr.read() if self.proc.stderr else ""
-        assert rc == 0, f"exit {rc}:\n" + "\n".join(self.lines[-20:]) + "\n" + err[-4000:]
+        assert rc == 0, f"exit {rc} (all of its stderr: {self.stderr}):\n" + "\n".join(self.lines[-20:]) + "\n" + \
+            _cause(self.stderr.read_text())
 
     def kill(self) -> None:
         os.killpg(self.proc.pid, signal.SIGKILL)

@@ -12,8 +12,8 @@ import random
 import pyarrow as pa
 import pytest
 
-from lastagent.errors import LastAgentError
-from lastagent.sinks.delta_expressions import RowRules, UnsupportedExpressionError, check_supported
+from lastagent.errors import LastAgentError, UnsupportedExpressionError
+from lastagent.sinks.delta_expressions import RowRules, check_supported
 from lastagent.sinks.delta_features import Constraint, GeneratedColumn
 
 pytestmark = pytest.mark.unit

@@ -213,7 +213,8 @@ def test_a_column_arrow_cannot_count_keeps_its_dictionary():
 def test_a_commit_that_lost_a_race_is_read_and_tried_again_a_bounded_number_of_times():
     from deltalake.exceptions import CommitFailedError
 
-    from lastagent.core.arbitration import COMMIT_TRIES, ArbitrationError, LostRace, until_committed
+    from lastagent.core.arbitration import COMMIT_TRIES, LostRace, until_committed
+    from lastagent.errors import ArbitrationError
 
     tries = []
 

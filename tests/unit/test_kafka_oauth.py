@@ -10,9 +10,9 @@ import types
 
 import pytest
 
-from lastagent.errors import OptionError
+from lastagent.errors import OptionError, TokenError
 from lastagent.kafka.config import KafkaConfig, OAuth
-from lastagent.kafka.oauth import Token, TokenError, Tokens, claims, load_provider
+from lastagent.kafka.oauth import Token, Tokens, claims, load_provider
 
 pytestmark = pytest.mark.unit
 

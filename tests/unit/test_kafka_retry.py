@@ -6,9 +6,9 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from kafka import errors as kerr
 
-from lastagent.errors import KafkaProtocolError, OptionError
+from lastagent.errors import KafkaProtocolError, KafkaUnavailableError, OptionError
 from lastagent.kafka.config import KafkaConfig
-from lastagent.kafka.retry import KafkaUnavailableError, condition, is_retriable, retried
+from lastagent.kafka.retry import condition, is_retriable, retried
 
 pytestmark = pytest.mark.unit
 

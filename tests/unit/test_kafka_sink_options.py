@@ -6,8 +6,8 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
-from lastagent.errors import OptionError
-from lastagent.sinks.kafka_rows import SchemaError, check_schema, records
+from lastagent.errors import OptionError, SchemaError
+from lastagent.sinks.kafka_rows import check_schema, records
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 
 pytestmark = pytest.mark.unit
@@ -138,7 +138,8 @@ def test_commit_messages_name_one_run():
 
 
 def test_a_writer_that_skipped_query_start_refuses_to_write():
-    from lastagent.sinks.query_run import NotStartedError, require_started
+    from lastagent.errors import NotStartedError
+    from lastagent.sinks.query_run import require_started
 
     with pytest.raises(NotStartedError, match="without the query-start claim and recovery"):
         require_started(None)

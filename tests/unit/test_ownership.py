@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lastagent.core.arbitration import RETIRED_RUNS, InMemoryArbitrationStore, LinkOwnedError, Ownership, StaleOwnerError, next_ownership
-from lastagent.errors import LastAgentError
+from lastagent.core.arbitration import RETIRED_RUNS, InMemoryArbitrationStore, Ownership, next_ownership
+from lastagent.errors import LastAgentError, LinkOwnedError, StaleOwnerError
 from lastagent.sinks.query_run import Started, task_generation, task_run
 
 pytestmark = pytest.mark.unit
@@ -76,7 +76,8 @@ def test_a_task_without_a_run_id_writes_nothing():
 
 def test_a_store_of_records_only_refuses_data_beside_a_decision():
     """Staged Delta files reach a store through decide(); one that holds no data refuses them, deciding nothing."""
-    from lastagent.core.arbitration import ArbitrationError, ArbitrationRecord
+    from lastagent.core.arbitration import ArbitrationRecord
+    from lastagent.errors import ArbitrationError
 
     store = InMemoryArbitrationStore()
     generation = store.claim("l", "q").generation

@@ -39,9 +39,10 @@ from dataclasses import dataclass, field
 import pytest
 
 from lastagent.core import protocol, xid
-from lastagent.core.arbitration import ArbitrationRecord, Decision, Ownership, StaleOwnerError, next_ownership
-from lastagent.core.committer import Committer, DecidedBranchLostError, EpochNotDecidedError
+from lastagent.core.arbitration import ArbitrationRecord, Decision, Ownership, next_ownership
+from lastagent.core.committer import Committer
 from lastagent.core.protocol import Branch, CommitBranch, FinishEpoch, FollowDecision, RollbackBranch, WriteDecision
+from lastagent.errors import DecidedBranchLostError, EpochNotDecidedError, StaleOwnerError
 from lastagent.kafka.xa import BranchHandle, EndOutcome, EndResult, OpenTransaction
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 from lastagent.sinks.query_run import Started, shipped, task_generation

@@ -195,7 +195,7 @@ def test_a_broken_check_is_named_even_when_another_name_prefixes_it():
 
 def test_a_task_outside_utc_refuses_an_expression_that_depends_on_the_time_zone():
     """The driver checks as for UTC; the task knows Spark's session zone and refuses before writing."""
-    from lastagent.sinks.delta_expressions import UnsupportedExpressionError
+    from lastagent.errors import UnsupportedExpressionError
 
     schema = pa.schema([pa.field("ts", pa.timestamp("us", tz="UTC")), pa.field("day", pa.date32())])
     rules = TableRules(generated=(GeneratedColumn("day", "CAST(ts AS DATE)"),))

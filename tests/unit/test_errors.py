@@ -1,0 +1,42 @@
+"""One exception hierarchy, in one module; and no module of the package that needs another to import first."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+import subprocess
+import sys
+
+import pytest
+
+import lastagent
+from lastagent import errors
+
+pytestmark = pytest.mark.unit
+
+#: Raised and caught inside one function (``arbitration.until_committed`` retries on it); never reaches a caller.
+INTERNAL = {"LostRace"}
+
+
+def _modules() -> list[str]:
+    names = [m.name for m in pkgutil.walk_packages(lastagent.__path__, "lastagent.")]
+    return [n for n in names if n != "lastagent._native"]
+
+
+def test_every_exception_lastagent_raises_is_defined_in_errors():
+    elsewhere = set()
+    for name in _modules():
+        module = importlib.import_module(name)
+        for cls_name, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, errors.LastAgentError) and cls.__module__ == name != "lastagent.errors" and cls_name not in INTERNAL:
+                elsewhere.add(f"{name}.{cls_name}")
+    assert not elsewhere, f"move to lastagent.errors: {sorted(elsewhere)}"
+    assert len([c for c in vars(errors).values() if inspect.isclass(c) and issubclass(c, errors.LastAgentError)]) >= 20
+
+
+@pytest.mark.parametrize("name", ["lastagent.kafka.oauth", "lastagent.kafka.config", "lastagent.errors"])
+def test_a_module_imports_on_its_own_in_a_fresh_interpreter(name):
+    done = subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
