@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lastagent.errors import DataLossError, KafkaProtocolError, OptionError
-from lastagent.kafka.config import access_hint, as_librdkafka_strings
+from lastagent.kafka.config import access_hint, as_librdkafka_strings, setting_in
 from lastagent.kafka.oauth import check_login
 from lastagent.kafka.retry import is_retriable, retried
 from lastagent.sources.kafka_source_options import KafkaSourceOptions
@@ -390,5 +390,5 @@ def _checked_config(config: Mapping[str, Any]) -> dict[str, Any]:
                                                 "consumer settings (https://github.com/confluentinc/librdkafka/"
                                                 "blob/master/CONFIGURATION.md)") from None
     except NativeKafkaError as e:
-        raise OptionError("kafka.*", f"the Kafka client could not start with these settings: {e}") from None
+        raise OptionError(setting_in(str(e), config), f"the Kafka client could not start with it: {e}") from None
     return dict(config)

@@ -694,6 +694,16 @@ def _pkcs12(store: Store) -> tuple[Any, Any, list[Any]]:
     return _guarded(store, load)
 
 
+def setting_in(message: str, config: Mapping[str, Any]) -> str:
+    """The ``kafka.*`` option a client's error names (the longest setting whose name is in it), else ``kafka.*``.
+
+    librdkafka refuses a bad value at client creation with text like "Unsupported partition.assignment.strategy:
+    ..." rather than a setting's name apart. No I/O.
+    """
+    named = [k for k in config if k in message]
+    return f"kafka.{max(named, key=len)}" if named else "kafka.*"
+
+
 def as_librdkafka_strings(config: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(name, value) pairs for ``lastagent._native``: librdkafka takes strings, booleans as
     "true"/"false" (as confluent-kafka passes them). Driver or executor."""

@@ -12,7 +12,7 @@ import pytest
 from lastagent._native import NativeKafkaError, RangeConsumer, SettingRefused, librdkafka_version
 from lastagent.errors import OptionError
 from lastagent.kafka.config import KafkaConfig
-from lastagent.sources import kafka_source
+from lastagent.sources import kafka_offsets, kafka_source
 
 pytestmark = pytest.mark.unit
 
@@ -41,6 +41,18 @@ def test_source_reports_a_refused_setting_naming_the_option() -> None:
     config = KafkaConfig.of({"bootstrap.servers": "127.0.0.1:1", "no.such.setting": "1"})
     with pytest.raises(OptionError, match="option 'kafka.no.such.setting': rejected by the Kafka client"):
         kafka_source._checkout(config, "lastagent-test")
+
+
+@pytest.mark.parametrize("check", ["at query start", "in a task"])
+def test_a_java_client_value_librdkafka_refuses_is_named(check: str) -> None:
+    # librdkafka refuses this value when the client is created, in a message, not as a setting apart.
+    java = "org.apache.kafka.clients.consumer.RangeAssignor"
+    config = KafkaConfig.of({"bootstrap.servers": "127.0.0.1:1", "partition.assignment.strategy": java})
+    with pytest.raises(OptionError, match=f"option 'kafka.partition.assignment.strategy': .*{java}"):
+        if check == "at query start":
+            kafka_offsets._checked_config(dict(config.librdkafka()))
+        else:
+            kafka_source._checkout(config, "lastagent-test")
 
 
 def test_a_closed_consumer_refuses_calls() -> None:
