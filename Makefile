@@ -23,7 +23,7 @@ WHEEL_ARCHS ?= x86_64 aarch64
 WHEEL_TOOLS := .cache/wheel-tools
 NO_CARGO    := echo "setup: cargo not found: lastagent's Kafka path (native/) is Rust; install a toolchain with rustup (https://rustup.rs)"
 
-.PHONY: setup wheels aarch64-python run test test-unit test-integration test-chaos test-chaos-full test-wheel test-spark-versions test-cluster test-kafka-cluster test-connect test-notebook test-soak soak lint kafka-up kafka-down kafka-up-secured kafka-down-secured kafka-up-cluster kafka-down-cluster s3-up s3-down bench clean docs
+.PHONY: setup wheels aarch64-python run test check test-unit test-integration test-chaos test-chaos-full test-wheel test-spark-versions test-cluster test-kafka-cluster test-connect test-notebook test-soak soak lint kafka-up kafka-down kafka-up-secured kafka-down-secured kafka-up-cluster kafka-down-cluster s3-up s3-down bench clean docs
 
 setup: $(VENV)/.installed .cache/kafka/jars/.complete .cache/spark/jars/.complete .cache/s3/jars/.complete \
        .cache/spark/s3a-jars/.complete
@@ -116,11 +116,15 @@ run: setup kafka-up
 	@$(PYTHON) dev/demo.py
 
 # Every tier but the two cluster tiers, the Spark-version matrix, the soak and the sdist's compile from source
-# (make test-cluster, make test-kafka-cluster, make test-spark-versions, make test-soak, make test-wheel): with them
-# the run would pass its 40-minute budget on a 2-core machine.
+# (make test-cluster, make test-kafka-cluster, make test-spark-versions, make test-soak, make test-wheel; .ci/run runs
+# the first three after it). Two pytest workers (pytest-xdist), one test file at a time each, the longest files
+# first (tests/conftest.py): most of a crash test is waiting on a JVM, a broker or a timeout, so two fit on two
+# cores. Each worker has its own broker and Spark session. Where the time goes: python dev/test_times.py
+# .cache/test-times.xml (docs/testing.md).
+TEST_WORKERS ?= 2
 test: setup lint
 	$(PYTEST) tests -m "not soak and not cluster and not kafka_cluster and not source_build and not spark_versions" \
-	  --durations=40
+	  -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=40 --junitxml=.cache/test-times.xml
 
 # Zero findings: ruff on the tree, mypy on the package as installed (py.typed), clippy on native/ (every
 # unsafe block documented: clippy::undocumented_unsafe_blocks). Clippy runs as setup's build does (dev/build_wheels.py
@@ -132,6 +136,13 @@ lint: setup
 
 test-unit: setup
 	$(PYTEST) tests/unit -m unit
+
+# The first thing to run after a change: ruff, mypy and the unit tests (no broker, no Spark session); clippy only in
+# make lint and make test, since it compiles native/.
+check: setup
+	$(PYTHON) -m ruff check connector sources sinks tests bench dev
+	$(PYTHON) -m mypy -p lastagent
+	$(PYTEST) tests/unit -m unit -q
 
 test-integration: setup
 	$(PYTEST) tests/integration
