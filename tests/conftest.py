@@ -33,7 +33,6 @@ import kafka_broker  # noqa: E402  (dev/, stdlib only)
 import oidc  # noqa: E402  (dev/, stdlib only)
 import s3_server  # noqa: E402  (dev/, stdlib only)
 
-
 #: Tiers in the order make test starts them: the longest files first, so that with two workers (pytest-xdist,
 #: --dist loadfile) neither is left with a crash matrix at the end while the other idles; the many short unit tests
 #: fill the gaps last. Within a tier, files keep their collection order.
