@@ -1,4 +1,8 @@
-"""The exceptions lastagent raises. Every message stands alone and names what to change."""
+"""Every exception lastagent raises on purpose, in one hierarchy under :class:`LastAgentError`.
+
+Every message stands alone and names what to change. This module imports nothing of lastagent at run time, so any
+module raises from it; the ones users catch most are exported from :mod:`lastagent` too.
+"""
 
 from __future__ import annotations
 
