@@ -199,6 +199,7 @@ bench: setup kafka-up
 	cd bench && ../$(PYTHON) source_phases.py | tee ../.cache/bench-source-phases.json
 	cd bench && ../$(PYTHON) sink_bench.py | tee ../.cache/bench-sink.json
 	cd bench && ../$(PYTHON) sink_phases.py | tee ../.cache/bench-sink-phases.json
+	cd bench && ../$(PYTHON) task_phases.py | tee ../.cache/bench-task-phases.json
 	cd bench && ../$(PYTHON) commit_check.py | tee ../.cache/bench-commit-check.json
 	cd bench && ../$(PYTHON) epoch_cost.py | tee ../.cache/bench-epoch-cost.json
 	cd bench && ../$(PYTHON) ceiling_bench.py | tee ../.cache/bench-ceiling.json
