@@ -1,7 +1,8 @@
 """Every Spark 4 minor users run: the portable wheel in a fresh virtualenv per minor, with that minor's newest pyspark
 and nothing else of Spark's, outside the repository, with no compiler on PATH (tests/package's environment).
 
-On each minor (``make test-spark-versions``; .ci/run runs it after make test), against the test broker:
+On each minor (``make test-spark-versions``; by hand until its pyspark 4.3.0 failure, docs/install.md, is understood),
+against the test broker:
 
 1. both links (Kafka -> ``lastagent-kafka`` -> ``lastagent-delta`` with a side topic, and Kafka -> ``lastagent-kafka``
    -> ``lastagent-kafka``) run with ``maxOffsetsPerTrigger``; the driver is SIGKILLed once each link has
