@@ -117,9 +117,9 @@ run: setup kafka-up
 
 # Every tier but the two cluster tiers, the Spark-version matrix, the soak and the sdist's compile from source
 # (make test-cluster, make test-kafka-cluster, make test-spark-versions, make test-soak, make test-wheel; .ci/run runs
-# the first three after it, the Spark-version matrix without 4.3.0). Two pytest workers (pytest-xdist), one test file at a time each, the longest files
-# first (tests/conftest.py): most of a crash test is waiting on a JVM, a broker or a timeout, so two fit on two
-# cores. Each worker has its own broker and Spark session. Where the time goes: python dev/test_times.py
+# the first three after it, the Spark-version matrix without 4.3.0). Two pytest workers (pytest-xdist), one test
+# file at a time each, the longest files first (tests/conftest.py): most of a crash test is waiting on a JVM, a
+# broker or a timeout, so two fit on two cores. Each worker has its own broker and Spark session. Where the time goes: python dev/test_times.py
 # .cache/test-times.xml (docs/testing.md).
 TEST_WORKERS ?= 2
 test: setup lint
