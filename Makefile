@@ -119,8 +119,8 @@ run: setup kafka-up
 # (make test-cluster, make test-kafka-cluster, make test-spark-versions, make test-soak, make test-wheel; .ci/run runs
 # the first three after it, the Spark-version matrix without 4.3.0). Two pytest workers (pytest-xdist), one test
 # file at a time each, the longest files first (tests/conftest.py): most of a crash test is waiting on a JVM, a
-# broker or a timeout, so two fit on two cores. Each worker has its own broker and Spark session. Where the time goes: python dev/test_times.py
-# .cache/test-times.xml (docs/testing.md).
+# broker or a timeout, so two fit on two cores. Each worker has its own broker and Spark session. Where the time
+# goes: python dev/test_times.py .cache/test-times.xml (docs/testing.md).
 TEST_WORKERS ?= 2
 test: setup lint
 	$(PYTEST) tests -m "not soak and not cluster and not kafka_cluster and not source_build and not spark_versions" \
