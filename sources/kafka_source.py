@@ -408,8 +408,9 @@ def _checkout(client: KafkaConfig, group_id_prefix: str = "lastagent-source") ->
     except SettingRefused as e:
         raise OptionError(f"kafka.{e.args[0]}", f"rejected by the Kafka client: {e.args[1]}") from None
     except NativeKafkaError as e:
-        if setting_in(str(e), settings) != "kafka.*":  # a value the client refuses, checked at start too
-            raise OptionError(setting_in(str(e), settings), f"the Kafka client could not start with it: {e}") from None
+        option = setting_in(str(e), settings)
+        if option != "kafka.*":  # a value the client refuses, checked at start too
+            raise OptionError(option, f"the Kafka client could not start with it: {e}") from None
         raise KafkaProtocolError(f"the source's Kafka consumer: {e}") from e
 
 
