@@ -310,14 +310,18 @@ class OffsetReader:
             # rdk:main thread ("segfault at 58"), which kills this process (Spark: EOFException in
             # PythonStreamingSourceRunner.init). DescribeGroups needs the same ACL (Describe on the group),
             # and its errors come back to Python.
-            future = self.admin.describe_consumer_groups([group], request_timeout=self.timeout)[group]
+            # Each request gets a share of the budget, as the Java clients' request.timeout.ms (30 s) is a share
+            # of default.api.timeout.ms (60 s): on a new cluster, creating __consumer_offsets can hold one
+            # request until it times out, and the next, to the coordinator found since, answers.
+            attempt = max(min(self.timeout / 3, deadline - time.monotonic()), 1.0)
+            future = self.admin.describe_consumer_groups([group], request_timeout=attempt)[group]
             try:
-                future.result(timeout=self.timeout)
+                future.result(timeout=attempt + 5)
                 return
             except KafkaException as e:
                 err: Any = e.args[0] if e.args else None
                 # A new broker's group coordinator answers "load in progress" for a moment: ask again.
-                settling = hasattr(err, "name") and err.name() in _COORDINATOR_SETTLING
+                settling = hasattr(err, "name") and err.name() in _COORDINATOR_SETTLING | {"_TIMED_OUT"}
                 if not (settling or (hasattr(err, "retriable") and err.retriable())) or time.monotonic() > deadline:
                     raise KafkaProtocolError(f"check the consumer group failed for {group}: {_kafka_error(e)}",
                                              retriable=False) from e

@@ -265,6 +265,11 @@ class Committer:
         prepared = [Branch.of(h) for h in live]
         known = dict(zip(prepared, live))
         open_now = self._open(generation)
+        listed = {Branch.of(t) for t in open_now}
+        if self.xa is not None and any(b not in listed for b in prepared):
+            # The listing can miss a transaction whose coordinator is moving; its own coordinator cannot.
+            open_now += [t for t in self.xa.open_among(h for h in live if Branch.of(h) not in listed)
+                         if Branch.of(t) in known]
         known.update((Branch.of(t), t.handle()) for t in open_now if Branch.of(t) not in known)
         beyond = {Branch.of(t) for t in open_now} - set(prepared)
         now = self.now_ms()

@@ -432,6 +432,14 @@ def describe_open(client_config: KafkaConfig | Mapping[str, str],
     return desc.producer_id, desc.producer_epoch, partitions
 
 
+def _ongoing(described: Mapping[str, Any]) -> list[OpenTransaction]:
+    """The open (``Ongoing``) transactions of a DescribeTransactions answer, by id."""
+    return [OpenTransaction(tid, desc.producer_id, desc.producer_epoch, desc.state.value,
+                            desc.transaction_start_time_ms, desc.transaction_timeout_ms,
+                            tuple(sorted((tp.topic, tp.partition) for tp in desc.topic_partitions)))
+            for tid, desc in sorted(described.items()) if desc.state.value == "Ongoing"]
+
+
 class XAResource(Protocol):
     """The XA resource port: what the committer needs from Kafka. Driver side."""
 
@@ -461,6 +469,10 @@ class XAResource(Protocol):
 
     def recover(self, transactional_id_prefix: str) -> list[OpenTransaction]:
         """Every open transaction whose id starts with the prefix, as the broker lists it."""
+        ...
+
+    def open_among(self, handles: Iterable[BranchHandle]) -> list[OpenTransaction]:
+        """The handles' transactions still open, asked of each id's own coordinator (never a listing)."""
         ...
 
     def how_ended(self, handle: BranchHandle) -> str:
@@ -681,15 +693,31 @@ class KafkaXAResource:
         ids = self._listed(transactional_id_prefix, ["Ongoing"])
         if not ids:
             return []
+        # An id that ended between list and describe is left out.
+        return _ongoing(self._describe(ids, f"the open transactions of '{transactional_id_prefix}*'"))
+
+    def open_among(self, handles: Iterable[BranchHandle]) -> list[OpenTransaction]:
+        """The handles' transactions the broker holds open, each asked of its own coordinator. Driver side.
+
+        ListTransactions can miss an open transaction while its coordinator moves (a rolling
+        restart: the old leader of its transaction-log partition has unloaded it and the new one has
+        not begun loading), and says nothing of it; DescribeTransactions goes to the id's
+        coordinator and is retried until that one answers. An id the broker does not know is not open.
+        """
+        ids = sorted({h.transactional_id for h in handles if not h.read_only})
+        what = "whether the prepared branches are still open"
+        try:
+            return _ongoing(self._describe(ids, what)) if ids else []
+        except KafkaProtocolError as exc:
+            if exc.error != "TRANSACTIONAL_ID_NOT_FOUND":
+                raise
         out = []
-        for tid, desc in sorted(self._describe(ids, f"the open transactions of '{transactional_id_prefix}*'").items()):
-            if desc.state.value != "Ongoing":
-                continue  # ended between list and describe
-            out.append(OpenTransaction(
-                tid, desc.producer_id, desc.producer_epoch, desc.state.value,
-                desc.transaction_start_time_ms, desc.transaction_timeout_ms,
-                tuple(sorted((tp.topic, tp.partition) for tp in desc.topic_partitions)),
-            ))
+        for tid in ids:  # one of them is unknown, and a batch answer names no one: ask each
+            try:
+                out += _ongoing(self._describe([tid], what))
+            except KafkaProtocolError as exc:
+                if exc.error != "TRANSACTIONAL_ID_NOT_FOUND":
+                    raise
         return out
 
     def transactional_ids(self, transactional_id_prefix: str) -> list[str]:

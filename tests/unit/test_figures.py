@@ -130,6 +130,9 @@ class FakeXA:
         return [OpenTransaction(tid, 1, 0, "Ongoing", ms, TIMEOUT_MS) for tid, ms in self.started.items()
                 if tid.startswith(prefix) and tid not in self.ended]
 
+    def open_among(self, handles) -> list[OpenTransaction]:
+        return [t for t in self.recover("") if t.transactional_id in {h.transactional_id for h in handles}]
+
     def end_all(self, handles, commit, parallelism=8):
         self.ended += [h.transactional_id for h in handles]
         return [EndResult(h, EndOutcome.COMMITTED) for h in handles]
@@ -162,6 +165,36 @@ def test_committer_records_branches_age_and_timeout_and_measures_its_timings():
     assert committer.last_timings is not None and committer.last_timings.epoch == 0
     assert committer.last_timings.decide_ms >= 0 and committer.last_timings.phase2_ms >= 0
     assert sorted(xa.ended) == tids
+
+
+@dataclass
+class ListingMissesXA(FakeXA):
+    """ListTransactions during a coordinator move: the open branches are not listed, yet each one's
+    own coordinator (DescribeTransactions) reports it open."""
+
+    asked: list[str] = field(default_factory=list)
+
+    def recover(self, prefix: str) -> list[OpenTransaction]:
+        return []
+
+    def open_among(self, handles) -> list[OpenTransaction]:
+        self.asked += [h.transactional_id for h in handles]
+        return [t for t in FakeXA.recover(self, "") if t.transactional_id in self.asked]
+
+
+def test_committer_asks_each_branch_the_listing_missed_and_decides():
+    options = KafkaSinkOptions.parse({"kafka.bootstrap.servers": "x:9092", "link": LINK, "arbitrationTable": "a",
+                                      "checkpointLocation": "c", "kafka.transaction.timeout.ms": str(TIMEOUT_MS)})
+    store = InMemoryArbitrationStore()
+    generation = store.claim(LINK, "q").generation
+    tids = [xid.transactional_id(LINK, generation, p, 0) for p in range(2)]
+    xa = ListingMissesXA({tids[0]: 1_000, tids[1]: 4_000})
+    handles = [BranchHandle(t, 1, 0, 3) for t in tids]
+    committer = Committer(options, store=store, xa=xa, checkpoint=FakeCheckpoint(), now_ms=lambda: 10_000)
+    record = committer.commit(0, generation, handles)
+    assert sorted(xa.asked) == tids  # not refused as "no longer open on the broker"
+    assert record.epoch == 0 and sorted(xa.ended) == tids
+    assert record.figures is not None and record.figures.oldest_branch_age_ms == 9_000
 
 
 def test_status_document_names_owner_generation_and_the_epochs_figures():

@@ -291,6 +291,12 @@ class ModelXA:
         return OpenTransaction(b.transactional_id, b.producer_id, b.producer_epoch, "Ongoing",
                                self.w.broker.open[b.transactional_id].started_ms, TIMEOUT_MS)
 
+    def open_among(self, handles) -> list[OpenTransaction]:
+        # Each id's own coordinator; the model's listing misses nothing, so the committer never asks.
+        self.w.broker.tick(MS_PER_STEP)
+        wanted = {Branch.of(h) for h in handles}
+        return [self._described(b) for b in self.w.broker.list_open(PREFIX) if b in wanted]
+
     def how_ended(self, handle: BranchHandle) -> str:
         return "unknown"
 
