@@ -10,6 +10,7 @@ PYTEST    := $(PYTHON) -m pytest
 SOURCES   := $(shell find connector sources sinks -name '*.py' -o -name '*.pyi' 2>/dev/null) pyproject.toml \
              native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
 LOG       := .cache/setup.log
+TEST_JVM  := .cache/spark/cds/.complete
 
 # Portable wheels (docs/install.md): manylinux_2_28, cp310-abi3, for each of WHEEL_ARCHS, into dist/, without
 # Docker: cargo-zigbuild and zig (from PyPI) as C compiler and linker against glibc 2.28, OpenSSL and zlib built
@@ -78,6 +79,13 @@ $(WHEEL_TOOLS)/.installed: Makefile
 .cache/spark/s3a-jars/.complete: $(VENV)/.deps dev/spark/s3a-pom.xml
 	@$(PYTHON) dev/spark_jars.py --s3a
 
+# A class-data archive of Spark's driver JVM for the tests' many short-lived drivers (dev/spark_cds.py; about 30 s,
+# once per pyspark version): tests/conftest.py starts them with it, which halves their CPU. Users' runs are untouched.
+.cache/spark/cds/.complete: $(VENV)/.installed .cache/spark/jars/.complete .cache/spark/s3a-jars/.complete dev/spark_cds.py
+	@echo "setup: dumping a class-data archive of Spark's driver JVM for the tests (dev/spark_cds.py)"
+	@$(PYTHON) dev/spark_cds.py >>$(LOG) 2>&1 || (tail -30 $(LOG); exit 1)
+	@touch $@
+
 .cache/s3/jars/.complete: dev/s3/pom.xml
 	@$(PY) dev/s3_server.py resolve
 
@@ -122,7 +130,7 @@ run: setup kafka-up
 # broker or a timeout, so two fit on two cores. Each worker has its own broker and Spark session. Where the time
 # goes: python dev/test_times.py .cache/test-times.xml (docs/testing.md).
 TEST_WORKERS ?= 2
-test: setup lint
+test: setup $(TEST_JVM) lint
 	$(PYTEST) tests -m "not soak and not cluster and not kafka_cluster and not source_build and not spark_versions" \
 	  -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=40 --junitxml=.cache/test-times.xml
 
@@ -144,20 +152,20 @@ check: setup
 	$(PYTHON) -m mypy -p lastagent
 	$(PYTEST) tests/unit -m unit -q
 
-test-integration: setup
+test-integration: setup $(TEST_JVM)
 	$(PYTEST) tests/integration
 
-test-chaos: setup
+test-chaos: setup $(TEST_JVM)
 	$(PYTEST) tests/chaos
 
 # Every crash point with Spark's Python daemon on and off (make test spreads them over the two).
-test-chaos-full: setup
+test-chaos-full: setup $(TEST_JVM)
 	LASTAGENT_CHAOS_FULL=1 $(PYTEST) tests/chaos
 
 # The package as users install it: this machine's portable wheel (make setup builds it) in fresh virtualenvs with no
 # toolchain, both links' queries run from it (part of make test too); the sdist compiled from source (about 3
 # minutes, only here); the aarch64 wheel under qemu-user once make wheels and make aarch64-python made it.
-test-wheel: setup
+test-wheel: setup $(TEST_JVM)
 	$(PYTEST) tests/package
 
 # Every Spark 4 minor (4.0, 4.1, 4.2, 4.3; the newest patch of each): the portable wheel and that pyspark in a fresh
@@ -165,29 +173,29 @@ test-wheel: setup
 # control; read back by deltalake and a read_committed consumer (tests/spark_versions; about 8 minutes).
 # SPARK_VERSIONS="4.0.5 4.1.4" runs those minors only (.ci/run leaves out 4.3.0: docs/install.md, "Spark versions").
 SPARK_VERSIONS ?=
-test-spark-versions: setup
+test-spark-versions: setup $(TEST_JVM)
 	LASTAGENT_SPARK_VERSIONS="$(SPARK_VERSIONS)" $(PYTEST) tests/spark_versions --durations=10
 
 # A Spark standalone cluster (master + two workers on 127.0.0.1): the three links, a driver and a worker killed.
-test-cluster: setup
+test-cluster: setup $(TEST_JVM)
 	$(PYTEST) tests/cluster
 
 # A replicated 3-node Kafka cluster losing brokers (rolling restart, coordinator SIGKILLed) under the three
 # running links: no query fails, every record once (tests/kafka_cluster; about 10 minutes on a 2-core machine).
-test-kafka-cluster: setup
+test-kafka-cluster: setup $(TEST_JVM)
 	$(PYTEST) tests/kafka_cluster
 
 # A Spark Connect server and Connect clients (subprocesses): source, both sinks, recovery after a server kill.
-test-connect: setup
+test-connect: setup $(TEST_JVM)
 	$(PYTEST) tests/connect
 
 # The notebooks (Databricks source format), top to bottom, headless, against the local broker.
-test-notebook: setup
+test-notebook: setup $(TEST_JVM)
 	$(PYTEST) tests/notebook
 
 # The kill soak: the three links while drivers and executor Python workers are SIGKILLed at seeded random
 # times, then verified (docs/reliability.md). make test-soak runs a short one (tests/soak).
-test-soak: setup
+test-soak: setup $(TEST_JVM)
 	$(PYTEST) tests/soak
 
 KILLS ?= 300

@@ -32,6 +32,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 import kafka_broker  # noqa: E402  (dev/, stdlib only)
 import oidc  # noqa: E402  (dev/, stdlib only)
 import s3_server  # noqa: E402  (dev/, stdlib only)
+import spark_cds  # noqa: E402  (dev/, stdlib only)
+
+# Every Spark driver the tests start (the session below, the drivers they kill, Connect's server) starts from a
+# class-data archive with the client compiler only: half the CPU of a default JVM (dev/spark_cds.py). The tiers that
+# stand for a user's machine leave it out (support.no_toolchain_env).
+os.environ["SPARK_SUBMIT_OPTS"] = f"{os.environ.get('SPARK_SUBMIT_OPTS', '')} {spark_cds.jvm_options()}".strip()
 
 #: Tiers in the order make test starts them: the longest files first, so that with two workers (pytest-xdist,
 #: --dist loadfile) neither is left with a crash matrix at the end while the other idles; the many short unit tests

@@ -230,10 +230,11 @@ NO_TOOLCHAIN_PATH = os.pathsep.join(["/usr/local/bin", "/usr/bin", "/bin"])
 
 
 def no_toolchain_env() -> dict[str, str]:
-    """This process's environment without Python, virtualenv, lastagent, cargo or rustup settings, and a PATH
-    on which neither ``cargo`` nor ``rustc`` is found (asserted, so that the check cannot pass by accident)."""
+    """This process's environment without Python, virtualenv, lastagent, cargo or rustup settings, nor the tests'
+    JVM options (``SPARK_SUBMIT_OPTS``), and a PATH on which neither ``cargo`` nor ``rustc`` is found (asserted, so
+    that the check cannot pass by accident)."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTHON", "LASTAGENT_", "VIRTUAL_ENV", "CARGO", "RUSTUP", "PYSPARK_"))}
+           if not k.startswith(("PYTHON", "LASTAGENT_", "VIRTUAL_ENV", "CARGO", "RUSTUP", "PYSPARK_", "SPARK_SUBMIT_"))}
     env["PATH"] = NO_TOOLCHAIN_PATH
     for tool in ("cargo", "rustc"):
         assert shutil.which(tool, path=NO_TOOLCHAIN_PATH) is None, f"{tool} is on {NO_TOOLCHAIN_PATH}: not a clean check"
