@@ -62,12 +62,15 @@ def archive() -> Path | None:
     return path if path.exists() else None
 
 
-def jvm_options() -> str:
-    """``SPARK_SUBMIT_OPTS`` for the tests' drivers: :data:`FAST_START`, with the archive when there is one."""
+def jvm_options(short_lived: bool = True) -> str:
+    """``SPARK_SUBMIT_OPTS`` for the tests' drivers: the archive when there is one, and :data:`FAST_START` for a
+    driver that lives a minute or two (not for the test session's own, which runs every integration test and
+    gains from the optimising compiler)."""
     path = archive()
     # -Xlog:cds*=off: a JVM that cannot map the archive (another JDK or class path) says so on stdout; it then
     # simply loads its classes from the jars.
-    return FAST_START + (f" -XX:SharedArchiveFile={path} -Xlog:cds*=off" if path else "")
+    shared = f"-XX:SharedArchiveFile={path} -Xlog:cds*=off" if path else ""
+    return " ".join(o for o in (FAST_START if short_lived else "", shared) if o)
 
 
 def dump() -> Path:

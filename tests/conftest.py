@@ -37,7 +37,8 @@ import spark_cds  # noqa: E402  (dev/, stdlib only)
 # Every Spark driver the tests start (the session below, the drivers they kill, Connect's server) starts from a
 # class-data archive with the client compiler only: half the CPU of a default JVM (dev/spark_cds.py). The tiers that
 # stand for a user's machine leave it out (support.no_toolchain_env).
-os.environ["SPARK_SUBMIT_OPTS"] = f"{os.environ.get('SPARK_SUBMIT_OPTS', '')} {spark_cds.jvm_options()}".strip()
+_USER_SUBMIT_OPTS = os.environ.get("SPARK_SUBMIT_OPTS", "")
+os.environ["SPARK_SUBMIT_OPTS"] = f"{_USER_SUBMIT_OPTS} {spark_cds.jvm_options()}".strip()
 
 #: Tiers in the order make test starts them: the longest files first, so that with two workers (pytest-xdist,
 #: --dist loadfile) neither is left with a crash matrix at the end while the other idles; the many short unit tests
@@ -108,9 +109,16 @@ def spark():
     # s3a's jars are on the class path of every session (loaded only when an s3a:// path is used), so
     # that the object-store tests can read back with this session's Delta reader.
     # A Python worker that dies (a crash in native code) then says where, in the error the test sees.
-    session = local_session("lastagent-tests", extra_conf={"spark.sql.warehouse.dir": str(ROOT / ".cache" / "warehouse"),
-                                                           "spark.jars": ",".join(str(j) for j in s3a_jars()),
-                                                           "spark.python.worker.faulthandler.enabled": "true"})
+    # This session's JVM serves every integration test of the worker: the archive, but the optimising compiler too.
+    short_lived = os.environ["SPARK_SUBMIT_OPTS"]
+    os.environ["SPARK_SUBMIT_OPTS"] = f"{_USER_SUBMIT_OPTS} {spark_cds.jvm_options(short_lived=False)}".strip()
+    try:
+        session = local_session("lastagent-tests",
+                                extra_conf={"spark.sql.warehouse.dir": str(ROOT / ".cache" / "warehouse"),
+                                            "spark.jars": ",".join(str(j) for j in s3a_jars()),
+                                            "spark.python.worker.faulthandler.enabled": "true"})
+    finally:
+        os.environ["SPARK_SUBMIT_OPTS"] = short_lived
     yield session
     session.stop()
 

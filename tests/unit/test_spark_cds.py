@@ -19,6 +19,7 @@ def test_options_name_the_archive_only_when_it_exists(tmp_path, monkeypatch) -> 
     archive = tmp_path / f"spark-{version('pyspark')}.jsa"
     archive.write_bytes(b"")
     assert spark_cds.jvm_options() == f"{spark_cds.FAST_START} -XX:SharedArchiveFile={archive} -Xlog:cds*=off"
+    assert spark_cds.jvm_options(short_lived=False) == f"-XX:SharedArchiveFile={archive} -Xlog:cds*=off"
 
 
 def test_the_tests_drivers_get_them_and_a_users_machine_does_not() -> None:
