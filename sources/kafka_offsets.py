@@ -167,6 +167,10 @@ class OffsetReader:
 
         self.options = options
         self.timeout = options.api_timeout_ms / 1000
+        # Each request gets a third of the budget, as the Java clients' request.timeout.ms (30 s) is a share of
+        # default.api.timeout.ms (60 s): a request sent while its broker died or a leader moved can wait out its
+        # whole timeout, and the retry, to the leader found since, answers.
+        self.attempt_timeout = max(self.timeout / 3, 1.0)
         config = _checked_config(options.client_config.librdkafka())
         self._login_error: Any = None
         settings: dict[str, Any] = {k: v for k, v in config.items() if k not in _CONSUMER_ONLY}
@@ -193,7 +197,7 @@ class OffsetReader:
             out = {}
             for key, fut in submit().items():
                 try:
-                    out[key] = fut.result(timeout=self.timeout)
+                    out[key] = fut.result(timeout=self.attempt_timeout + 5)
                 except KafkaException as e:
                     raise KafkaProtocolError(f"{_kafka_error(e)} ({what}, {key})", retriable=is_retriable(e)) from e
             return out
@@ -263,7 +267,7 @@ class OffsetReader:
             return {}
         level = IsolationLevel.READ_COMMITTED if self.options.read_committed else IsolationLevel.READ_UNCOMMITTED
         request = {TopicPartition(t, p): s for (t, p), s in specs.items()}
-        done = self._wait(lambda: self.admin.list_offsets(request, isolation_level=level, request_timeout=self.timeout),
+        done = self._wait(lambda: self.admin.list_offsets(request, isolation_level=level, request_timeout=self.attempt_timeout),
                           "listing offsets")
         return {(tp.topic, tp.partition): info.offset for tp, info in done.items()}
 
@@ -310,10 +314,8 @@ class OffsetReader:
             # rdk:main thread ("segfault at 58"), which kills this process (Spark: EOFException in
             # PythonStreamingSourceRunner.init). DescribeGroups needs the same ACL (Describe on the group),
             # and its errors come back to Python.
-            # Each request gets a share of the budget, as the Java clients' request.timeout.ms (30 s) is a share
-            # of default.api.timeout.ms (60 s): on a new cluster, creating __consumer_offsets can hold one
-            # request until it times out, and the next, to the coordinator found since, answers.
-            attempt = max(min(self.timeout / 3, deadline - time.monotonic()), 1.0)
+            # On a new cluster, creating __consumer_offsets can hold one request until it times out.
+            attempt = max(min(self.attempt_timeout, deadline - time.monotonic()), 1.0)
             future = self.admin.describe_consumer_groups([group], request_timeout=attempt)[group]
             try:
                 future.result(timeout=attempt + 5)
@@ -365,7 +367,7 @@ class OffsetReader:
 
         group = self._group()
         request = [ConsumerGroupTopicPartitions(group, [TopicPartition(t, p, o) for (t, p), o in offsets.items()])]
-        self._wait(lambda: self.admin.alter_consumer_group_offsets(request, request_timeout=self.timeout),
+        self._wait(lambda: self.admin.alter_consumer_group_offsets(request, request_timeout=self.attempt_timeout),
                    "committing group offsets")
 
 

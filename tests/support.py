@@ -176,14 +176,22 @@ def cluster_admin(bootstrap: str) -> Any:
 def replicated_topic(cluster: Any, partitions: int = 1, prefix: str = "t") -> str:
     """A new topic with a replica on every node of the cluster; its name."""
     from kafka.admin import NewTopic
+    from kafka.errors import NodeNotReadyError, UnknownBrokerIdError
 
     name = f"{prefix}-{uuid.uuid4().hex[:10]}"
-    admin = cluster_admin(cluster.bootstrap)
-    try:
-        admin.create_topics([NewTopic(name, partitions, len(cluster.nodes))])
-    finally:
-        admin.close()
-    return name
+    deadline = time.monotonic() + 60
+    while True:
+        admin = cluster_admin(cluster.bootstrap)
+        try:
+            admin.create_topics([NewTopic(name, partitions, len(cluster.nodes))])
+            return name
+        except (UnknownBrokerIdError, NodeNotReadyError):
+            # A new cluster names its controller before every node is in the metadata it gives out.
+            if time.monotonic() > deadline:
+                raise
+        finally:
+            admin.close()
+        time.sleep(0.5)
 
 
 def in_sync(cluster: Any, timeout_s: float = 240.0) -> None:
