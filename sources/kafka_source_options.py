@@ -79,8 +79,9 @@ SOURCE_OPTIONS = OptionTable([
                                                                "before failing.", minimum=1),
     Option("kafka.default.api.timeout.ms", "integer", "60000", "How long one of the driver's metadata and offset "
                                                                "requests keeps retrying through broker loss (a leader "
-                                                               "or the group coordinator moving, a node restarting); "
-                                                               "an unreachable cluster fails the query after this.",
+                                                               "or the group coordinator moving, a node restarting), "
+                                                               "each attempt given a third of it; an unreachable "
+                                                               "cluster fails the query after this.",
            minimum=1),
     Option("kafka.isolation.level", "choice", "read_committed",
            "read_committed skips records of aborted transactions and never reads past an open one; read_uncommitted "
