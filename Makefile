@@ -80,7 +80,7 @@ $(WHEEL_TOOLS)/.installed: Makefile
 	@$(PYTHON) dev/spark_jars.py --s3a
 
 # A class-data archive of Spark's driver JVM for the tests' many short-lived drivers (dev/spark_cds.py; about 30 s,
-# once per pyspark version): tests/conftest.py starts them with it, which halves their CPU. Users' runs are untouched.
+# once per pyspark version): tests/conftest.py starts them with it, at about a third of their CPU. Users' runs are untouched.
 .cache/spark/cds/.complete: $(VENV)/.installed .cache/spark/jars/.complete .cache/spark/s3a-jars/.complete dev/spark_cds.py
 	@echo "setup: dumping a class-data archive of Spark's driver JVM for the tests (dev/spark_cds.py)"
 	@$(PYTHON) dev/spark_cds.py >>$(LOG) 2>&1 || (tail -30 $(LOG); exit 1)

@@ -1,4 +1,4 @@
-"""A class-data archive of Spark's driver JVM, so the tests' many short-lived drivers start in half the CPU.
+"""A class-data archive of Spark's driver JVM, so the tests' many short-lived drivers start in a third of the CPU.
 
 Most of a crash test is Spark driver JVMs starting (each test starts several, and kills them): on a 2-core
 machine the JVM's class loading and its JIT compilers were the largest CPU cost of ``make test``. Java's
