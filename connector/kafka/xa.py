@@ -704,17 +704,12 @@ class KafkaXAResource:
         not begun loading), and says nothing of it; DescribeTransactions goes to the id's
         coordinator and is retried until that one answers. An id the broker does not know is not open.
         """
-        ids = sorted({h.transactional_id for h in handles if not h.read_only})
-        what = "whether the prepared branches are still open"
-        try:
-            return _ongoing(self._describe(ids, what)) if ids else []
-        except KafkaProtocolError as exc:
-            if exc.error != "TRANSACTIONAL_ID_NOT_FOUND":
-                raise
         out = []
-        for tid in ids:  # one of them is unknown, and a batch answer names no one: ask each
+        # One id per request: only the ids a listing missed come here (rarely), and a batch answer that
+        # one id is unknown names no one.
+        for tid in sorted({h.transactional_id for h in handles if not h.read_only}):
             try:
-                out += _ongoing(self._describe([tid], what))
+                out += _ongoing(self._describe([tid], f"whether branch {tid} is still open"))
             except KafkaProtocolError as exc:
                 if exc.error != "TRANSACTIONAL_ID_NOT_FOUND":
                     raise

@@ -149,15 +149,21 @@ class FakeCheckpoint:
         return "q"
 
 
-def test_committer_records_branches_age_and_timeout_and_measures_its_timings():
+def _two_branches(xa_type: type[FakeXA]) -> tuple[Committer, InMemoryArbitrationStore, int, list[str], FakeXA]:
+    """A committer at 10 s over two prepared branches of a claimed run, opened at 1 s and 4 s."""
     options = KafkaSinkOptions.parse({"kafka.bootstrap.servers": "x:9092", "link": LINK, "arbitrationTable": "a",
                                       "checkpointLocation": "c", "kafka.transaction.timeout.ms": str(TIMEOUT_MS)})
     store = InMemoryArbitrationStore()
     generation = store.claim(LINK, "q").generation
     tids = [xid.transactional_id(LINK, generation, p, 0) for p in range(2)]
-    xa = FakeXA({tids[0]: 1_000, tids[1]: 4_000})
-    handles = [BranchHandle(t, 1, 0, 5 + i) for i, t in enumerate(tids)]
+    xa = xa_type({tids[0]: 1_000, tids[1]: 4_000})
     committer = Committer(options, store=store, xa=xa, checkpoint=FakeCheckpoint(), now_ms=lambda: 10_000)
+    return committer, store, generation, tids, xa
+
+
+def test_committer_records_branches_age_and_timeout_and_measures_its_timings():
+    committer, store, generation, tids, xa = _two_branches(FakeXA)
+    handles = [BranchHandle(t, 1, 0, 5 + i) for i, t in enumerate(tids)]
     given = EpochFigures(records=(("kafka", 11),), previous=EpochTimings(-1, 3, 4))
     record = committer.commit(0, generation, handles, figures=given)
     assert record.figures == EpochFigures(2, (("kafka", 11),), 0, 9_000, TIMEOUT_MS, EpochTimings(-1, 3, 4))
@@ -183,16 +189,9 @@ class ListingMissesXA(FakeXA):
 
 
 def test_committer_asks_each_branch_the_listing_missed_and_decides():
-    options = KafkaSinkOptions.parse({"kafka.bootstrap.servers": "x:9092", "link": LINK, "arbitrationTable": "a",
-                                      "checkpointLocation": "c", "kafka.transaction.timeout.ms": str(TIMEOUT_MS)})
-    store = InMemoryArbitrationStore()
-    generation = store.claim(LINK, "q").generation
-    tids = [xid.transactional_id(LINK, generation, p, 0) for p in range(2)]
-    xa = ListingMissesXA({tids[0]: 1_000, tids[1]: 4_000})
-    handles = [BranchHandle(t, 1, 0, 3) for t in tids]
-    committer = Committer(options, store=store, xa=xa, checkpoint=FakeCheckpoint(), now_ms=lambda: 10_000)
-    record = committer.commit(0, generation, handles)
-    assert sorted(xa.asked) == tids  # not refused as "no longer open on the broker"
+    committer, _, generation, tids, xa = _two_branches(ListingMissesXA)
+    record = committer.commit(0, generation, [BranchHandle(t, 1, 0, 3) for t in tids])
+    assert isinstance(xa, ListingMissesXA) and sorted(xa.asked) == tids  # not refused as "no longer open on the broker"
     assert record.epoch == 0 and sorted(xa.ended) == tids
     assert record.figures is not None and record.figures.oldest_branch_age_ms == 9_000
 
