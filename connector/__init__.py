@@ -15,8 +15,11 @@ __all__ = ["DataLossError", "KafkaProtocolError", "LastAgentError", "OptionError
 def register(spark: Any) -> None:
     """Registers formats ``lastagent-kafka`` and ``lastagent-delta`` with ``spark``. Driver side.
 
-    Needed only where the runtime does not discover installed ``pyspark_*`` data source
-    modules; registering twice is harmless.
+    Needed where the runtime does not discover installed ``pyspark_*`` data source modules, and before a
+    driver starts two or more queries: it fills in the environment map Spark's Python streaming sources add to
+    at their first start, so that queries starting at the same moment cannot damage it (a Spark race:
+    :mod:`lastagent.worker_env`). A format Spark already resolves (discovered, or registered before) is left
+    as it is, so calling it twice, or where Spark discovers the formats, is harmless.
 
     Raises:
         UnsupportedSparkError: pyspark is older than 4.0 (no Python Data Source API for streaming), or newer
@@ -25,10 +28,14 @@ def register(spark: Any) -> None:
     from lastagent.spark_versions import require_supported
 
     require_supported()
+    from lastagent import worker_env
     from lastagent.formats import DeltaDataSource, KafkaDataSource
 
-    spark.dataSource.register(KafkaDataSource)
-    spark.dataSource.register(DeltaDataSource)
+    known = worker_env.resolved(spark)
+    for source in (KafkaDataSource, DeltaDataSource):
+        if source.name() not in known:  # Spark 4.0 refuses to register a name it discovered
+            spark.dataSource.register(source)
+    worker_env.fill(spark, worker_env.env_maps(spark))
 
 
 def reliable_groups(df: Any, **kwargs: Any) -> Any:

@@ -9,7 +9,8 @@ PHASE is one of:
   -> ``lastagent-kafka``, both with ``maxOffsetsPerTrigger``, on a processing-time trigger. Prints one line
   ``progress <query> <json>`` per batch; the test SIGKILLs this process mid-run, then runs ``resume``.
 - ``resume``: the same two queries from the same checkpoints, until both have read every record; then prints
-  ``done``. The test reads the outputs with its own readers.
+  ``envmaps <json>`` (the formats' Spark environment maps as ``lastagent.register`` filled them, and whether the
+  queries' starts left them unchanged) and ``done``. The test reads the outputs with its own readers.
 - ``admission``: ``Trigger.AvailableNow`` with and without ``maxOffsetsPerTrigger`` (noop sink), and
   ``minOffsetsPerTrigger`` / ``maxTriggerDelay`` on a processing-time trigger; prints what each did.
 - ``connect``: a Spark Connect client of the server at CONNECT_URL (this virtualenv's Spark, started by the test):
@@ -166,10 +167,18 @@ def main() -> None:
     elif PHASE == "connect":
         connect(spark)
     else:
+        from lastagent import worker_env
+
+        # Two queries start at once here: register first, as docs/install.md says ("Several queries in one driver").
+        lastagent.register(spark)
+        maps = worker_env.env_maps(spark)
+        filled = [dict(m) for m in maps]
         queries = links(spark)
         watch(queries, until_all_read=PHASE == "resume")
         for q in queries.values():
             q.stop()
+        # What the sources' starts added to the maps the tasks carry: nothing, when register filled them in.
+        print("envmaps", json.dumps({"filled": filled, "unchanged": [dict(m) for m in maps] == filled}), flush=True)
         print("done", flush=True)
     spark.stop()
 

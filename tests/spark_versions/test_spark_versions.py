@@ -32,6 +32,8 @@ from pathlib import Path
 import pytest
 from support import no_toolchain_env, portable_wheel, read_committed
 
+from lastagent.worker_env import runner_keys
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "connect"))
 
 pytestmark = pytest.mark.spark_versions
@@ -147,6 +149,11 @@ def test_every_format_on_this_spark_every_record_once_across_a_driver_kill(tmp_p
     second = Driver(python, "resume", work, env)
     second.finish()
     after = {q: second.progress(q) for q in ("delta", "kafka")}
+    # lastagent.register filled in what Spark's source runner adds at a query's first start, so the two queries
+    # starting at once changed nothing the tasks carry (Spark's race: lastagent.worker_env).
+    envmaps = next(json.loads(line.split(" ", 1)[1]) for line in second.lines if line.startswith("envmaps "))
+    assert envmaps["unchanged"] and envmaps["filled"], envmaps
+    assert all(set(runner_keys(pyspark)) <= set(m) for m in envmaps["filled"]), envmaps
     for q in ("delta", "kafka"):
         assert max(p["rows"] for p in before[q] + after[q]) <= CAP, (q, before[q], after[q])  # every batch capped
         assert after[q][-1]["readTo"] == ROWS, after[q]
