@@ -125,7 +125,7 @@ run: setup kafka-up
 
 # Every tier but the two cluster tiers, the Spark-version matrix, the soak and the sdist's compile from source
 # (make test-cluster, make test-kafka-cluster, make test-spark-versions, make test-soak, make test-wheel; .ci/run runs
-# the first three after it, the Spark-version matrix without 4.3.0). Two pytest workers (pytest-xdist), one test
+# the first three after it, the Spark-version matrix on all four minors). Two pytest workers (pytest-xdist), one test
 # file at a time each, the longest files first (tests/conftest.py): most of a crash test is waiting on a JVM, a
 # broker or a timeout, so two fit on two cores. Each worker has its own broker and Spark session. Where the time
 # goes: python dev/test_times.py .cache/test-times.xml (docs/testing.md).
@@ -171,7 +171,7 @@ test-wheel: setup $(TEST_JVM)
 # Every Spark 4 minor (4.0, 4.1, 4.2, 4.3; the newest patch of each): the portable wheel and that pyspark in a fresh
 # virtualenv outside the repository, no compiler on PATH; both links with a driver SIGKILLed and restarted, admission
 # control; read back by deltalake and a read_committed consumer (tests/spark_versions; about 8 minutes).
-# SPARK_VERSIONS="4.0.5 4.1.4" runs those minors only (.ci/run leaves out 4.3.0: docs/install.md, "Spark versions").
+# SPARK_VERSIONS="4.0.5 4.1.4" runs those minors only.
 SPARK_VERSIONS ?=
 test-spark-versions: setup $(TEST_JVM)
 	LASTAGENT_SPARK_VERSIONS="$(SPARK_VERSIONS)" $(PYTEST) tests/spark_versions --durations=10
