@@ -183,6 +183,12 @@ def producer_config(client_config: KafkaConfig | Mapping[str, str], transactiona
     # so a query moved between the two formats, or a topic shared with Java producers, would split
     # a key's records over two partitions and lose their order. kafka.partitioner still wins.
     config.setdefault("partitioner", "murmur2_random")
+    # A branch's producer is new per task: librdkafka drops the bootstrap connection once it has
+    # the cluster's metadata and connects the broker it learned only after reconnect.backoff.ms
+    # (100 ms by default, with jitter), which was most of a task's init_transactions (about 60 ms;
+    # 10 ms here: about 18 ms, bench/task_phases.py). Later reconnects still back off exponentially
+    # to reconnect.backoff.max.ms.
+    config.setdefault("reconnect.backoff.ms", 10)
     config.update({
         "transactional.id": transactional_id,
         "transaction.timeout.ms": int(timeout_ms),
@@ -413,6 +419,21 @@ class BranchWriter:
             producer.release()
 
 
+#: This Python worker's coordinator clients for :func:`describe_open`, by settings, kept for its next tasks (as
+#: Spark's kafka sink keeps a producer per executor): a new kafka-python client per task was 7-9 ms of each task
+#: (bench/task_phases.py). A client whose broker went away is replaced by its own retry (``call``).
+_DESCRIBERS: dict[tuple[tuple[str, str], ...], TransactionCoordinatorClient] = {}
+
+
+def _describer(config: KafkaConfig) -> TransactionCoordinatorClient:
+    """This worker's coordinator client for these settings, made on first use. Executor."""
+    key = tuple(sorted(dict(as_librdkafka_strings(config.librdkafka())).items()))
+    client = _DESCRIBERS.get(key)
+    if client is None:
+        client = _DESCRIBERS[key] = TransactionCoordinatorClient(config)
+    return client
+
+
 def describe_open(client_config: KafkaConfig | Mapping[str, str],
                   transactional_id: str) -> tuple[int, int, tuple[tuple[str, int], ...]]:
     """(producer id, producer epoch, partitions) of transactional_id's open transaction, from the broker. Executor.
@@ -420,12 +441,12 @@ def describe_open(client_config: KafkaConfig | Mapping[str, str],
     Retried through broker loss within ``kafka.default.api.timeout.ms`` (the coordinator may be
     moving while the task prepares).
     """
-    with TransactionCoordinatorClient(client_config) as wire:
-        try:
-            desc = wire.call(f"describing the prepared transaction {transactional_id!r}",
-                             lambda admin: admin.describe_transactions([transactional_id])[transactional_id])
-        except KafkaProtocolError as exc:
-            raise BranchError(f"branch {transactional_id}: {exc}") from None
+    try:
+        desc = _describer(KafkaConfig.of(client_config)).call(
+            f"describing the prepared transaction {transactional_id!r}",
+            lambda admin: admin.describe_transactions([transactional_id])[transactional_id])
+    except KafkaProtocolError as exc:
+        raise BranchError(f"branch {transactional_id}: {exc}") from None
     if desc.state.value != "Ongoing":
         raise BranchError(f"branch {transactional_id}: expected an open transaction after flush, broker says {desc.state.value}")
     partitions = tuple(sorted((tp.topic, tp.partition) for tp in desc.topic_partitions))

@@ -320,13 +320,30 @@ impl BranchProducer {
     }
 
     /// Fences older producers of the transactional.id and aborts their open transaction.
+    ///
+    /// A broker connection is made first (a metadata request for no topic). librdkafka's
+    /// init_transactions asks for the transaction coordinator at once; when no connection is up
+    /// yet it asks again only on its coordinator query timer, 500 ms later, unless a broker's
+    /// state change re-triggers it first: the bimodal init_transactions (about 60 or 510 ms) of
+    /// docs/benchmarks.md, "One sink task, step by step". If the metadata request fails or times
+    /// out, init_transactions runs anyway and reports the cause.
     fn init_transactions(&self, py: Python<'_>, timeout_ms: i32) -> PyResult<Option<KafkaErr>> {
         let c = self.client()?;
         Ok(py.detach(move || {
             let c = c;
-            // SAFETY: c.0 is live (this call holds `&self`, which keeps release and Drop out); the
-            // error object returned is ours, for take_error to destroy.
-            unsafe { take_error(rd::rd_kafka_init_transactions(c.0, timeout_ms)) }
+            let started = std::time::Instant::now();
+            let mut md: *const rd::rd_kafka_metadata_t = ptr::null();
+            // SAFETY: c.0 is live (this call holds `&self`, which keeps release and Drop out); on
+            // success librdkafka hands us the metadata, destroyed once here and not used after.
+            unsafe {
+                let err = rd::rd_kafka_metadata(c.0, 0, ptr::null_mut(), &mut md, timeout_ms);
+                if err == rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && !md.is_null() {
+                    rd::rd_kafka_metadata_destroy(md);
+                }
+            }
+            let left = (timeout_ms as i64 - started.elapsed().as_millis() as i64).max(1) as i32;
+            // SAFETY: as above; the error object returned is ours, for take_error to destroy.
+            unsafe { take_error(rd::rd_kafka_init_transactions(c.0, left)) }
         }))
     }
 
@@ -513,14 +530,27 @@ impl BranchProducer {
     }
 
     /// Waits until every record is delivered or failed, up to `timeout_ms`; returns how many are left.
+    ///
+    /// rd_kafka_flush waits for the queue to empty in steps of up to 10 ms, each ended early only by
+    /// a delivery report; with delivery.report.only.error a delivered record makes none, so even a
+    /// flush whose records were acknowledged in 1 ms took 10 ms (bench/task_phases.py). So the first
+    /// 20 ms go in 1 ms calls, the rest in one.
     fn flush(&self, py: Python<'_>, timeout_ms: i32) -> PyResult<i32> {
         let c = self.client()?;
         Ok(py.detach(move || {
             let c = c;
+            let started = std::time::Instant::now();
             // SAFETY: c.0 is live (this call holds `&self`); the callbacks flush runs find the
             // Reports alive (the producer holds it).
             unsafe {
-                rd::rd_kafka_flush(c.0, timeout_ms);
+                loop {
+                    let spent = started.elapsed().as_millis().min(i32::MAX as u128) as i32;
+                    let left = timeout_ms.saturating_sub(spent).max(0);
+                    rd::rd_kafka_flush(c.0, if spent < 20 { left.min(1) } else { left });
+                    if left == 0 || rd::rd_kafka_outq_len(c.0) == 0 {
+                        break;
+                    }
+                }
                 rd::rd_kafka_outq_len(c.0)
             }
         }))
