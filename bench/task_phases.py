@@ -1,9 +1,10 @@
 """Where one `lastagent-kafka` task's time goes, outside Spark: the per-task cost behind the epoch times of issue 44.
 
 A task of the sink does, in this order (``BranchWriter`` and ``prepare``): create the compiled producer, run
-``init_transactions`` (fences an older producer of the id, waits for the coordinator), ``begin_transaction``, send
-its records, flush them, then ``describe_open`` (a kafka-python admin client, new per task, asks the coordinator
-for the open transaction's producer id, epoch and partitions: the branch handle). The driver then commits the
+``init_transactions`` (connects, fences an older producer of the id, waits for the coordinator),
+``begin_transaction``, send its records, flush them, then ``describe_open`` (the Python worker's kafka-python
+coordinator client, kept from task to task, asks the coordinator for the open transaction's producer id, epoch and
+partitions: the branch handle). The driver then commits the
 branch by handle (``EndTxn``). Each step is timed here on its own, for BENCH_TASKS tasks in a row with the same
 transactional id per task slot, as a link reuses its ids from epoch to epoch, BENCH_TASK_ROWS records each.
 
@@ -82,7 +83,7 @@ def lastagent_tasks(topic: str, xa: KafkaXAResource) -> dict[str, list[float]]:
         assert producer.flush(60_000) == 0
         lap("flush")
         pid, epoch, partitions = describe_open(client, transactional_id)
-        lap("describe (new admin client)")
+        lap("describe (the worker's coordinator client)")
         producer.release()
         steps.setdefault("task in all", []).append(time.perf_counter() - task_start)
         lap = _Laps(steps)

@@ -307,6 +307,8 @@ class Committer:
         """
         record = self.store.get(self.link, epoch)
         reported = [h for h in handles if not h.read_only]
+        if generation is None and not reported and record is None and self._stopped_mid_epoch():
+            return
         known = {Branch.of(h): h for h in reported}
         open_now = [] if generation is None else self._open(generation)
         known.update((Branch.of(t), t.handle()) for t in open_now if Branch.of(t) not in known)
@@ -318,6 +320,30 @@ class Committer:
             recorded = [Branch.of(h) for h in handles_of_record]
         self._carry_out(protocol.abort_epoch(epoch, recorded, [Branch.of(t) for t in open_now],
                                              [Branch.of(h) for h in reported]), known)
+
+    def _stopped_mid_epoch(self) -> bool:
+        """An abort with no task message, of an undecided epoch, on a link this query owns: roll back what it left.
+
+        Spark hands abort no message when it stopped the epoch's tasks before any finished (``query.stop()``
+        mid-epoch, or every attempt of a task failed), and this writer cannot know its run's generation: the run's
+        tasks claimed it, and a newer run of the same query might have superseded it. So, as a new run would, it
+        claims the link's next generation (no run of an earlier one can decide an epoch after that) and finishes
+        what earlier generations left: decided branches committed, the others rolled back, so no transaction of
+        the link stays open to hold its readers back until the broker's timeout (issue 44). Driver.
+
+        Returns:
+            True when it did so; False when the link is not this query's (nothing is changed then).
+        """
+        if self.xa is None:
+            return False
+        ownership = self.store.ownership(self.link)
+        owner = self.checkpoint.query_id()
+        if ownership is None or ownership.owner != owner:
+            return False
+        log.warning("link %s: an epoch stopped before any task reported; claiming the link to roll back what its "
+                    "tasks left open", self.link)
+        self.claim_and_recover(owner)
+        return True
 
     def _xa(self) -> XAResource:
         if self.xa is None:
