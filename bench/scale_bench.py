@@ -3,7 +3,9 @@
 For each P in BENCH_SCALE_P (default ``1 4 16 48``): a topic of P partitions holding BENCH_SCALE_ROWS (200) records
 of 100 bytes per partition per epoch, read by Spark's `kafka` source with ``maxOffsetsPerTrigger`` = P x 200 under
 ``Trigger.AvailableNow``, so each epoch is P tasks of about 200 records; the same input written by Spark's `kafka`
-sink and by `lastagent-kafka` (P branches per epoch), and by Spark's `delta` sink and by `lastagent-delta`. Each
+sink and by `lastagent-kafka` (P branches per epoch), by Spark's `delta` sink and by `lastagent-delta`, and by
+``ceiling-sink`` (bench/ceiling_bench.py: a Python data source sink that only counts its rows, what any Python sink
+costs a task on this Spark). BENCH_SCALE_SOURCE=lastagent-kafka reads with lastagent's source instead. Each
 epoch's time is the query progress's ``triggerExecution``; the first BENCH_SCALE_WARMUP (2) epochs of a query are
 left out. Prints JSON: per sink and P, the median and p90 epoch milliseconds and p90/p50; per pair and P, the
 ratio of medians; and per sink the slope (ms per extra task, least squares over P).
@@ -20,6 +22,7 @@ import sys
 import tempfile
 import uuid
 
+from ceiling_bench import CeilingSink
 from common import BOOTSTRAP, new_topic
 from confluent_kafka import Producer
 from kafka.admin import KafkaAdminClient
@@ -30,8 +33,9 @@ TASKS = [int(p) for p in os.environ.get("BENCH_SCALE_P", "1 4 16 48").split()]
 ROWS = int(os.environ.get("BENCH_SCALE_ROWS", "200"))
 EPOCHS = int(os.environ.get("BENCH_SCALE_EPOCHS", "12"))
 WARMUP = int(os.environ.get("BENCH_SCALE_WARMUP", "2"))
-SINKS = ("kafka", "lastagent-kafka", "delta", "lastagent-delta")
-PAIRS = (("lastagent-kafka", "kafka"), ("lastagent-delta", "delta"))
+SOURCE = os.environ.get("BENCH_SCALE_SOURCE", "kafka")
+SINKS = ("kafka", "lastagent-kafka", "delta", "lastagent-delta", "ceiling-sink")
+PAIRS = (("lastagent-kafka", "kafka"), ("lastagent-delta", "delta"), ("ceiling-sink", "kafka"))
 
 
 def _source(admin: KafkaAdminClient, partitions: int) -> str:
@@ -51,9 +55,11 @@ def _source(admin: KafkaAdminClient, partitions: int) -> str:
 def _epochs_ms(spark, topic: str, partitions: int, sink: str, work: str, admin: KafkaAdminClient) -> list[float]:
     """The epochs' trigger times (ms) of one AvailableNow query from ``topic`` into ``sink``, warm-up left out."""
     name = f"scale-{partitions}-{sink}-{uuid.uuid4().hex[:6]}"
-    df = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", BOOTSTRAP).option("subscribe", topic)
+    df = (spark.readStream.format(SOURCE).option("kafka.bootstrap.servers", BOOTSTRAP).option("subscribe", topic)
           .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", str(partitions * ROWS)).load())
-    if sink.endswith("kafka"):
+    if sink == "ceiling-sink":
+        writer = df.selectExpr("key", "value").writeStream.format(sink)
+    elif sink.endswith("kafka"):
         writer = (df.selectExpr("key", "value").writeStream.format(sink)
                   .option("kafka.bootstrap.servers", BOOTSTRAP).option("topic", new_topic(admin, partitions)))
         if sink == "lastagent-kafka":
@@ -89,13 +95,14 @@ def main() -> int:
     admin = KafkaAdminClient(bootstrap_servers=BOOTSTRAP)
     spark = local_session("bench-scale", extra_conf={"spark.sql.shuffle.partitions": "2"})
     spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(CeilingSink)
     results: dict[str, dict[str, dict[str, float]]] = {sink: {} for sink in SINKS}
     with tempfile.TemporaryDirectory() as work:
         for partitions in TASKS:
             topic = _source(admin, partitions)
             for sink in SINKS:
                 results[sink][str(partitions)] = _summary(_epochs_ms(spark, topic, partitions, sink, work, admin))
-    out: dict[str, object] = {"records_per_task": ROWS, "epochs": EPOCHS, "sinks": results}
+    out: dict[str, object] = {"source": SOURCE, "records_per_task": ROWS, "epochs": EPOCHS, "sinks": results}
     out["ratio_p50"] = {f"{a} / {b}": {p: round(results[a][p]["p50_ms"] / results[b][p]["p50_ms"], 2)
                                        for p in results[a]} for a, b in PAIRS}
     if len(TASKS) > 1:

@@ -1,17 +1,17 @@
 """Fills in, before any query starts, the environment map Spark's Python streaming sources add to.
 
-Driver side. Why (issue 41, ``docs/install.md``, "Two queries starting at once"): Spark keeps one mutable map of
+Driver side. Why (issue 41; ``docs/install.md``, "Spark versions", several queries in one driver): Spark keeps one mutable map of
 environment variables per Python data source function (``PythonFunction.envVars``), shared by every query of the
 JVM that uses the format: the source's, reader's and writer's functions all point at it, and a format Spark
 discovered (the ``pyspark_lastagent_*`` modules) keeps its map for the JVM's life. ``PythonStreamingSourceRunner``
 puts its keys into that map in place, without a lock, each time a query's source starts. The first start adds
 them, so the map grows (and a Scala ``HashMap`` re-hashes); two queries starting at the same moment then insert
-concurrently and can leave the map damaged (its size says 6, its table holds 5), after which every task that
+concurrently and can leave the map damaged (seen: its size said 6, iterating it gave 5), after which every task that
 carries it fails to serialize: ``Illegal size 5 of collection, expected 6``, for every query of that driver
 until the JVM ends. Once the keys are present, a start only replaces values, which changes nothing structural.
 
 So :func:`fill` adds those keys, with the values the runner itself would put, to the map of each lastagent format
-the session can see (the registered and the discovered one), before the user's queries start.
+the session resolves (registered or discovered), before the user's queries start.
 """
 
 from __future__ import annotations
