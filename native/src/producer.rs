@@ -148,6 +148,11 @@ unsafe extern "C" fn on_error(_rk: *mut rd::rd_kafka_t, err: c_int, reason: *con
     // SAFETY: reason is null or NUL-terminated and alive for the call (see # Safety); text copies it.
     let entry = (code_name(err), unsafe { text(reason) });
     let mut errors = lock(&reports.client_errors);
+    // One entry per error name, the newest last: a broker that refuses every connection sends
+    // "all brokers down" after each of many quick reconnects, and must not push out the one
+    // error that says why (a TLS or login failure, which librdkafka reports once, then
+    // suppresses as identical).
+    errors.retain(|(name, _)| *name != entry.0);
     if errors.len() >= KEEP_FAILURES {
         errors.remove(0); // not empty: KEEP_FAILURES > 0
     }
