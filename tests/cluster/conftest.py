@@ -88,11 +88,13 @@ class Cluster:
         self._wait(lambda: self.alive_workers() >= self.WORKERS, f"{self.WORKERS} workers to register", "master")
 
     def alive_workers(self) -> int:
-        """Workers the master counts as ALIVE (its web UI's JSON)."""
+        """Workers the master counts as ALIVE (its web UI's JSON); 0 while the UI cannot say."""
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=5) as answer:
                 return sum(w.get("state") == "ALIVE" for w in json.load(answer).get("workers", []))
-        except OSError:
+        except (OSError, ValueError):
+            # ValueError: Jetty answers with an HTML page while the master is still attaching its
+            # handlers (seen in CI: the request came between "Start Jetty" and "Bound MasterWebUI").
             return 0
 
     def lost_workers(self) -> list[int]:
