@@ -43,6 +43,7 @@ from lastagent.sinks.delta_files import FileWriter, delta_arrow_schema, physical
 from lastagent.sinks.delta_sink_options import DeltaSinkOptions
 from lastagent.sinks.epoch_timings import keep_timings, previous_timings
 from lastagent.sinks.query_run import (
+    LATE_TASKS_S,
     Started,
     StartsWhenShipped,
     generation_of,
@@ -325,7 +326,7 @@ class DeltaStreamWriter(StartsWhenShipped, StreamWriter):
         msgs = [m for m in messages if isinstance(m, DeltaMessage)]
         store = self._store()
         with Committer(self.options, store=store) as committer:
-            committer.abort(batchId, generation_of(msgs, batchId), _handles(msgs))
+            committer.abort(batchId, generation_of(msgs, batchId), _handles(msgs), settle_s=LATE_TASKS_S)
         if store.get(self.options.link, batchId) is None:
             store.discard(self._staged(msgs, check=False))
 

@@ -35,6 +35,7 @@ from lastagent.sinks.epoch_timings import keep_timings, previous_timings
 from lastagent.sinks.kafka_rows import check_schema, records, simple_columns
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 from lastagent.sinks.query_run import (
+    LATE_TASKS_S,
     Started,
     StartsWhenShipped,
     generation_of,
@@ -175,7 +176,7 @@ class KafkaStreamWriter(StartsWhenShipped, StreamWriter):
 
         msgs = [m for m in messages if isinstance(m, BranchMessage)]
         with Committer(self.options) as committer:
-            committer.abort(batchId, generation_of(msgs, batchId), _handles(msgs))
+            committer.abort(batchId, generation_of(msgs, batchId), _handles(msgs), settle_s=LATE_TASKS_S)
 
 
 def _handles(messages: list[BranchMessage]) -> list[BranchHandle]:

@@ -25,6 +25,11 @@ from lastagent.errors import LastAgentError, NotStartedError
 
 BATCH_ID_PROPERTY = "streaming.sql.batchId"  # set by Spark's MicroBatchExecution on every task
 RUN_ID_PROPERTY = "spark.jobGroup.id"  # the run id: MicroBatchExecution's job group for every batch
+#: How long a sink's abort keeps rolling back branches that the aborted epoch's tasks open late: a task
+#: killed by ``query.stop()`` in the JVM can still run in its Python worker on the input it received (seen
+#: up to 0.3 s after the abort began; Spark's ``spark.python.task.killTimeout`` is 2 s). ``stop()`` returns
+#: this much later. See :meth:`lastagent.core.committer.Committer.abort`.
+LATE_TASKS_S = 3.0
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,9 @@ from lastagent.kafka.xa import BranchHandle, EndOutcome, EndResult, KafkaXAResou
 
 log = logging.getLogger("lastagent.core.committer")
 
+#: How often :meth:`Committer.abort` looks for branches that late tasks opened, while it settles.
+_SETTLE_POLL_S = 0.25
+
 
 class Committer:
     """Runs one link's protocol steps on the driver.
@@ -298,16 +301,24 @@ class Committer:
         """Branch → epoch, for the branches of every decision the store keeps."""
         return {Branch.of(BranchHandle.from_json(b)): r.epoch for r in self.store.records(self.link) for b in r.branches}
 
-    def abort(self, epoch: int, generation: int | None, handles: Sequence[BranchHandle]) -> None:
+    def abort(self, epoch: int, generation: int | None, handles: Sequence[BranchHandle],
+              settle_s: float = 0.0) -> None:
         """Spark gave up on the epoch. If it was decided, its record stands; else roll back. Driver.
 
         Rolled back: the reported branches and the open branches of this run's generation or
         earlier ones; with no report (``generation`` None) only the reported ones, since it is not
-        known which run this is.
+        known which run this is. An undecided epoch of a link this query still holds is then
+        closed for good (:meth:`_close_run`): the link's next generation is claimed and what the
+        run left is finished, and for ``settle_s`` seconds more whatever its late tasks open.
+
+        Args:
+            settle_s: how long to keep rolling back branches that the aborted epoch's tasks open
+                after this call began (0: not at all; the sinks pass :data:`lastagent.sinks.query_run.LATE_TASKS_S`).
         """
         record = self.store.get(self.link, epoch)
         reported = [h for h in handles if not h.read_only]
-        if generation is None and not reported and record is None and self._stopped_mid_epoch():
+        if generation is None and not reported and record is None:
+            self._close_run(None, settle_s)
             return
         known = {Branch.of(h): h for h in reported}
         open_now = [] if generation is None else self._open(generation)
@@ -320,30 +331,39 @@ class Committer:
             recorded = [Branch.of(h) for h in handles_of_record]
         self._carry_out(protocol.abort_epoch(epoch, recorded, [Branch.of(t) for t in open_now],
                                              [Branch.of(h) for h in reported]), known)
+        if record is None and generation is not None:
+            self._close_run(generation, settle_s)
 
-    def _stopped_mid_epoch(self) -> bool:
-        """An abort with no task message, of an undecided epoch, on a link this query owns: roll back what it left.
+    def _close_run(self, generation: int | None, settle_s: float) -> None:
+        """After an undecided epoch's abort, on a link this query holds: claim it, finish what its runs left. Driver.
 
-        Spark hands abort no message when it stopped the epoch's tasks before any finished (``query.stop()``
-        mid-epoch, or every attempt of a task failed), and this writer cannot know its run's generation: the run's
-        tasks claimed it, and a newer run of the same query might have superseded it. So, as a new run would, it
-        claims the link's next generation (no run of an earlier one can decide an epoch after that) and finishes
-        what earlier generations left: decided branches committed, the others rolled back, so no transaction of
-        the link stays open to hold its readers back until the broker's timeout (issue 44). Driver.
-
-        Returns:
-            True when it did so; False when the link is not this query's (nothing is changed then).
+        Spark aborts an epoch when ``query.stop()`` interrupts it (or a task failed every attempt), and the
+        query's run ends there. Its tasks may not have ended: the stop kills them in the JVM, but a Python
+        worker that already received its input goes on, opens its branch and prepares it, after the abort
+        listed the open transactions (seen with pyspark 4.2: up to 0.3 s after the abort began). Such a
+        branch would hold its partitions' last stable offset, so every read_committed reader of the output
+        stalls until the query is restarted or ``transaction.timeout.ms`` passes (issue 44). So, as a new
+        run would, this claims the link's next generation (no run of an earlier one can decide an epoch
+        after that; that also holds when no task reported and the run's generation is unknown), finishes
+        what earlier generations left (decided branches committed, the others rolled back), and keeps
+        doing so for ``settle_s`` seconds. Nothing happens when the link is another query's, or (with
+        ``generation`` known) a newer run of this query holds it.
         """
         if self.xa is None:
-            return False
+            return
         ownership = self.store.ownership(self.link)
         owner = self.checkpoint.query_id()
-        if ownership is None or ownership.owner != owner:
-            return False
-        log.warning("link %s: an epoch stopped before any task reported; claiming the link to roll back what its "
-                    "tasks left open", self.link)
-        self.claim_and_recover(owner)
-        return True
+        if ownership is None or ownership.owner != owner or (generation is not None
+                                                             and ownership.generation != generation):
+            return
+        log.warning("link %s: epoch aborted (query stopped, or a task failed); claiming the link to roll back "
+                    "what its tasks left open", self.link)
+        claimed, _ = self.claim_and_recover(owner)
+        deadline = time.monotonic() + settle_s
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(_SETTLE_POLL_S, left))
+            if self._open(claimed.generation - 1):
+                self._recover(claimed, roll_back_undecided=True)
 
     def _xa(self) -> XAResource:
         if self.xa is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 
@@ -31,6 +32,12 @@ def _branches(options, topic, n, timeout_ms=600_000, attempt=0):
         w.send(topic, f"{p}-{attempt}".encode())
         handles.append(w.prepare())
     return handles
+
+
+def _query_metadata(checkpoint, query_id):
+    """The file Spark writes when a query is created: the owner a driver-side abort claims the link for."""
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    (checkpoint / "metadata").write_text(f'{{"id":"{query_id}"}}\n')
 
 
 def _decide_only(committer, epoch, handles):
@@ -93,16 +100,38 @@ def test_undecided_branches_are_rolled_back_after_the_runs_claim_and_other_links
     assert read_committed(kafka_bootstrap, topic, 0, timeout_s=3) == []
 
 
-def test_abort_after_decision_completes_it_and_abort_before_rolls_back(options, kafka_bootstrap, new_topic):
+def test_abort_after_decision_completes_it_and_abort_before_rolls_back(options, kafka_bootstrap, new_topic, tmp_path):
+    _query_metadata(tmp_path / "ckpt", "q")
     topic = new_topic()
     with Committer(options) as c:
         decided = _branches(options, topic, 2)
         _decide_only(c, 0, decided)
         c.abort(0, 1, decided)  # the record stands
+        assert c.store.ownership(c.link).generation == 1
         undecided = _branches(options, topic, 2, attempt=1)
         c.abort(1, 1, undecided[:1])  # presumed abort: the reported and the unreported branch
         assert c.in_doubt() == []
+        assert c.store.ownership(c.link).generation == 2, "the undecided epoch's abort closed its run"
     assert sorted(v for _, v in read_committed(kafka_bootstrap, topic, 2)) == [b"0-0", b"1-0"]
+
+
+@pytest.mark.parametrize("reported", [False, True])
+def test_abort_rolls_back_what_late_tasks_open_while_it_settles(options, kafka_bootstrap, new_topic, tmp_path,
+                                                                 reported):
+    """query.stop() kills an epoch's tasks in the JVM, but a Python worker that has its input goes on and opens
+    its branch after the abort listed the link's transactions (issue 44): the abort keeps rolling back for
+    ``settle_s``, with or without task messages, so nothing of the link stays open after it returns."""
+    _query_metadata(tmp_path / "ckpt", "q")
+    topic = new_topic()
+    with Committer(options) as c:
+        c.store.claim(c.link, "q")
+        first = _branches(options, topic, 1) if reported else []
+        late = threading.Timer(0.5, _branches, (options, topic, 1), {"attempt": 1})
+        late.start()
+        c.abort(0, 1 if reported else None, first, settle_s=2.5)
+        late.join()
+        assert c.in_doubt() == []
+    assert read_committed(kafka_bootstrap, topic, 0, timeout_s=3) == []
 
 
 def test_expired_decided_branch_fails_loudly_naming_link_epoch_branch(options, new_topic):

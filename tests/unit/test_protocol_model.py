@@ -691,7 +691,7 @@ def test_a_slow_task_leaves_its_epoch_undecided_and_the_restart_replays_it(name)
     out = simulate(VARIANT[name], ORDERS[0])
     assert out.violations == []
     w = out.world
-    assert w.trace.count("claim") == 2, "one refused run, then one that finishes"
+    assert w.trace.count("claim") == 3, "one refused run, the claim its abort makes, then one run that finishes"
     epoch = next(e for (e, t, _), fault in VARIANT[name].faults.items())
     refused = [br for br, committed in w.broker.ended.items() if w.broker.txn_epoch[br] == epoch and not committed]
     assert refused, "the first run's branches of the slow epoch were rolled back or expired"
