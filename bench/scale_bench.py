@@ -48,6 +48,7 @@ def _source(admin: KafkaAdminClient, partitions: int) -> str:
             producer.produce(topic, value=value, key=str(i).encode(), partition=partition)
             if i % 10_000 == 0:
                 producer.poll(0)
+        producer.flush(120)  # many partitions' records together outgrow the client's local queue
     assert producer.flush(120) == 0
     return topic
 

@@ -125,7 +125,8 @@ class KafkaStreamWriter(StartsWhenShipped, StreamWriter):
                 pass
             return BranchMessage(epoch, generation, partition, attempt, None)
         tid = self.options.transactional_id(generation, partition, attempt)
-        writer = BranchWriter(self.options.client_config, tid, self.options.transaction_timeout_ms)
+        # The transaction starts on a thread while the first input arrives (its errors surface at the first send).
+        writer = BranchWriter(self.options.client_config, tid, self.options.transaction_timeout_ms, background=True)
         try:
             cols, topic = self.columns, self.options.topic
             simple = topic is not None and not (cols.has_partition or cols.has_headers)
