@@ -10,9 +10,7 @@ epoch's time is the query progress's ``triggerExecution``; the first BENCH_SCALE
 left out. Prints JSON: per sink and P, the median and p90 epoch milliseconds and p90/p50; per pair and P, the
 ratio of medians; and per sink the slope (ms per extra task, least squares over P).
 
-BENCH_SCALE_SINKS chooses the sinks (default the five above). ``lastagent-kafka-at-once`` is
-``lastagent-kafka`` with each branch's transaction started before the task reads its input, not on a thread
-meanwhile (:attr:`~lastagent.sinks.kafka_sink.KafkaStreamWriter.start_in_background`): what that overlap saves.
+BENCH_SCALE_SINKS chooses the sinks (default the five above).
 
 Run with `make bench` (or `cd bench && python scale_bench.py` with a broker up: `make kafka-up`).
 """
@@ -25,14 +23,12 @@ import statistics
 import sys
 import tempfile
 import uuid
-from typing import Any
 
 from ceiling_bench import CeilingSink
 from common import BOOTSTRAP, new_topic
 from confluent_kafka import Producer
 from kafka.admin import KafkaAdminClient
 
-from lastagent.formats import KafkaDataSource
 from lastagent.spark_session import local_session
 
 TASKS = [int(p) for p in os.environ.get("BENCH_SCALE_P", "1 4 16 48").split()]
@@ -41,21 +37,8 @@ EPOCHS = int(os.environ.get("BENCH_SCALE_EPOCHS", "12"))
 WARMUP = int(os.environ.get("BENCH_SCALE_WARMUP", "2"))
 SOURCE = os.environ.get("BENCH_SCALE_SOURCE", "kafka")
 SINKS = tuple(os.environ.get("BENCH_SCALE_SINKS", "kafka lastagent-kafka delta lastagent-delta ceiling-sink").split())
-PAIRS = tuple((a, b) for a, b in (("lastagent-kafka", "kafka"), ("lastagent-kafka-at-once", "kafka"),
-                                  ("lastagent-delta", "delta"), ("ceiling-sink", "kafka")) if a in SINKS and b in SINKS)
-
-
-class StartAtOnceKafkaSink(KafkaDataSource):
-    """``lastagent-kafka`` with the branch's transaction started before the task reads its input."""
-
-    @classmethod
-    def name(cls) -> str:
-        return "lastagent-kafka-at-once"
-
-    def streamWriter(self, schema: Any, overwrite: bool) -> Any:  # Spark's API
-        writer = super().streamWriter(schema, overwrite)
-        writer.start_in_background = False  # pickled with the writer to its tasks
-        return writer
+PAIRS = tuple((a, b) for a, b in (("lastagent-kafka", "kafka"), ("lastagent-delta", "delta"),
+                                  ("ceiling-sink", "kafka")) if a in SINKS and b in SINKS)
 
 
 def _source(admin: KafkaAdminClient, partitions: int) -> str:
@@ -80,10 +63,10 @@ def _epochs_ms(spark, topic: str, partitions: int, sink: str, work: str, admin: 
           .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", str(partitions * ROWS)).load())
     if sink == "ceiling-sink":
         writer = df.selectExpr("key", "value").writeStream.format(sink)
-    elif "kafka" in sink:
+    elif sink.endswith("kafka"):
         writer = (df.selectExpr("key", "value").writeStream.format(sink)
                   .option("kafka.bootstrap.servers", BOOTSTRAP).option("topic", new_topic(admin, partitions)))
-        if sink.startswith("lastagent-kafka"):
+        if sink == "lastagent-kafka":
             writer = writer.option("link", name).option("arbitrationTable", f"{work}/arb-{name}")
     else:
         writer = df.selectExpr("CAST(key AS STRING) AS k", "value", "partition", "offset").writeStream.format(sink)
@@ -117,7 +100,6 @@ def main() -> int:
     spark = local_session("bench-scale", extra_conf={"spark.sql.shuffle.partitions": "2"})
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(CeilingSink)
-    spark.dataSource.register(StartAtOnceKafkaSink)
     results: dict[str, dict[str, dict[str, float]]] = {sink: {} for sink in SINKS}
     with tempfile.TemporaryDirectory() as work:
         for partitions in TASKS:

@@ -81,10 +81,6 @@ class KafkaStreamWriter(StartsWhenShipped, StreamWriter):
         schema: the query's output schema.
     """
 
-    #: Start each branch's transaction on a thread while the task's first input arrives (bench/scale_bench.py's
-    #: ``lastagent-kafka-at-once`` sets it False to measure what that saves).
-    start_in_background: bool = True
-
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.options = KafkaSinkOptions.parse(options)
         self.columns = check_schema(schema, self.options.topic)
@@ -129,9 +125,7 @@ class KafkaStreamWriter(StartsWhenShipped, StreamWriter):
                 pass
             return BranchMessage(epoch, generation, partition, attempt, None)
         tid = self.options.transactional_id(generation, partition, attempt)
-        # The transaction starts on a thread while the first input arrives (its errors surface at the first send).
-        writer = BranchWriter(self.options.client_config, tid, self.options.transaction_timeout_ms,
-                              background=self.start_in_background)
+        writer = BranchWriter(self.options.client_config, tid, self.options.transaction_timeout_ms)
         try:
             cols, topic = self.columns, self.options.topic
             simple = topic is not None and not (cols.has_partition or cols.has_headers)

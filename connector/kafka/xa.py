@@ -19,7 +19,6 @@ from __future__ import annotations
 import enum
 import json
 import logging
-import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -217,25 +216,20 @@ class BranchWriter:
         transactional_id: the branch id (:func:`lastagent.core.xid.transactional_id`).
         timeout_ms: the transaction timeout; the broker expires the branch after it.
         init_timeout_s: how long ``init_transactions`` may take.
-        background: start the transaction (``init_transactions``, ``begin_transaction``: about 17 ms, the
-            broker's round trips) on a thread, so the task reads its first input meanwhile; the first
-            call that needs the producer waits for it and raises its error.
 
     Raises:
         BranchError: the producer could not start its transaction (names the login or ACL
-            setting when that is the cause); with ``background``, from the first call after.
+            setting when that is the cause).
     """
 
     def __init__(self, client_config: KafkaConfig | Mapping[str, str], transactional_id: str, timeout_ms: int,
-                 init_timeout_s: float = 60.0, background: bool = False) -> None:
+                 init_timeout_s: float = 60.0) -> None:
         from lastagent._native import BranchProducer, NativeKafkaError  # executor-only: the data path
 
         self.transactional_id = transactional_id
         self._client_config = KafkaConfig.of(client_config)
         self._records = 0
         self._ended: str | None = None  # why the writer refuses calls, once it ended the branch itself
-        self._starting: threading.Thread | None = None
-        self._start_error: BaseException | None = None
         config = producer_config(client_config, transactional_id, timeout_ms)
         # Delivery reports for failures only: success is what flush() already tells us.
         config["delivery.report.only.error"] = True
@@ -244,15 +238,6 @@ class BranchWriter:
                                                  token_provider=self._client_config.token_provider())
         except NativeKafkaError as exc:
             raise BranchError(f"branch {transactional_id}: {exc}") from exc
-        if background:
-            self._starting = threading.Thread(target=self._start_on_thread, args=(init_timeout_s,), daemon=True,
-                                              name=f"lastagent-start-{transactional_id}")
-            self._starting.start()
-        else:
-            self._start(init_timeout_s)
-
-    def _start(self, init_timeout_s: float) -> None:
-        """Starts the branch's transaction; on failure releases the producer and raises."""
         # init_transactions fences any older producer of this id and aborts its open
         # transaction: the id scheme guarantees no decided branch still holds this id.
         failed = self._producer.init_transactions(int(init_timeout_s * 1000))
@@ -260,26 +245,8 @@ class BranchWriter:
             failed = self._producer.begin_transaction()
         if failed is not None:
             error = self._denied(*failed)
-            self._drop()
+            self.release()
             raise error
-
-    def _start_on_thread(self, init_timeout_s: float) -> None:
-        """The background start: its error is kept for the task's next call (:meth:`_join_start`)."""
-        try:
-            self._start(init_timeout_s)
-        except BaseException as exc:  # raised again on the task's thread, never lost
-            self._start_error = exc
-
-    def _join_start(self) -> BaseException | None:
-        """Waits for a background start to end; returns its error (once: the producer is gone after it)."""
-        starting, self._starting = self._starting, None
-        if starting is None:
-            return None
-        starting.join()
-        error, self._start_error = self._start_error, None
-        if error is not None:
-            self._ended = f"its transaction did not start ({error})"
-        return error
 
     def _denied(self, name: str, text: str) -> BranchError:
         """A refused call's error, saying which ACL or login setting it needs, when that is the cause.
@@ -296,14 +263,7 @@ class BranchWriter:
         return BranchError(f"branch {self.transactional_id}: {text} ({name})")
 
     def _live(self) -> Any:
-        """The producer; a branch already ended here (aborted after a failure, or released) refuses more.
-
-        Raises:
-            BranchError: the branch's background start failed (its error, the first time), or it ended.
-        """
-        error = self._join_start()
-        if error is not None:
-            raise error
+        """The producer; a branch already ended here (aborted after a failure, or released) refuses more."""
         if self._producer is None:
             raise BranchError(f"branch {self.transactional_id}: {self._ended or 'the producer is released'}")
         return self._producer
@@ -441,7 +401,6 @@ class BranchWriter:
         librdkafka's abort drops the records still queued and waits only for those in flight, so
         it returns promptly even after a failure.
         """
-        self._join_start()  # a failed start released the producer: nothing to abort
         if self._producer is None:
             return  # released after prepare (the branch is the driver's to end now), or aborted already
         failed = self._producer.abort_transaction(int(timeout_s * 1000))
@@ -455,10 +414,6 @@ class BranchWriter:
         librdkafka's destroy sends no EndTxn, so the transaction stays with whoever holds the
         handle; tests/integration/test_kafka_xa.py pins that.
         """
-        self._join_start()
-        self._drop()
-
-    def _drop(self) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
             producer.release()

@@ -247,33 +247,3 @@ def test_released_producer_leaves_its_prepared_branch_open_and_abort_local_ends_
     with KafkaXAResource(config) as xa:
         assert xa.commit(handle).outcome is EndOutcome.COMMITTED
     assert [v for _, v in read_committed(kafka_bootstrap, topic, 1)] == [b"kept"]
-
-
-def test_a_branch_started_in_the_background_prepares_as_one_started_at_once(kafka_bootstrap, new_topic, xa):
-    """The sink's tasks start their transaction on a thread while the first input arrives (issue 44): the first
-    send waits for it, and the branch is the same as one started at once."""
-    topic = new_topic(partitions=2)
-    writer = BranchWriter({"bootstrap.servers": kafka_bootstrap}, f"bg-{uuid.uuid4().hex[:8]}", 60_000,
-                          background=True)
-    for i in range(20):
-        writer.send(topic, f"bg:{i}".encode(), key=str(i).encode())
-    handle = writer.prepare()
-    writer.release()
-    assert handle.records == 20 and {t for t, _ in handle.partitions} == {topic}
-    assert xa.commit(handle).outcome is EndOutcome.COMMITTED
-    assert _values(kafka_bootstrap, topic, 20) == sorted(f"bg:{i}".encode() for i in range(20))
-
-
-def test_a_background_start_that_fails_raises_at_the_first_call_and_then_refuses():
-    """A start that fails on its thread is never lost: the task's first call raises it, naming the branch; the
-    task's clean-up (abort_local) has nothing to end; later calls say why the branch is unusable."""
-    tid = f"bg-fail-{uuid.uuid4().hex[:8]}"
-    writer = BranchWriter({"bootstrap.servers": "127.0.0.1:1"}, tid, 60_000, init_timeout_s=1.0, background=True)
-    with pytest.raises(BranchError, match=f"branch {tid}: "):
-        writer.send("any-topic", b"v")
-    writer.abort_local()
-    with pytest.raises(BranchError, match="did not start"):
-        writer.prepare()
-    quiet = BranchWriter({"bootstrap.servers": "127.0.0.1:1"}, tid, 60_000, init_timeout_s=1.0, background=True)
-    quiet.abort_local()  # a task that failed before its first send: the start's error does not replace its own
-    assert quiet._producer is None
