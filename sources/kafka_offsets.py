@@ -299,35 +299,49 @@ class OffsetReader:
         Raises:
             KafkaProtocolError: the broker refused; names the ACL needed.
         """
-        import time
         import uuid
 
-        from confluent_kafka import KafkaException
-
         group = self.options.group_id or f"{self.options.group_id_prefix}-{uuid.uuid4().hex[:12]}"
-        deadline = time.monotonic() + self.timeout
-        while True:
-            # DescribeGroups, never OffsetFetch, through librdkafka's admin client: when an OffsetFetch answer
-            # says NOT_COORDINATOR or COORDINATOR_NOT_AVAILABLE (a new cluster's group coordinator, a moved
-            # one), librdkafka (2.16 and before; librdkafka#5040, fix in PR #5318) asks the consumer-group
-            # handle an admin client does not have to re-query the coordinator: a NULL dereference on its
-            # rdk:main thread ("segfault at 58"), which kills this process (Spark: EOFException in
-            # PythonStreamingSourceRunner.init). DescribeGroups needs the same ACL (Describe on the group),
-            # and its errors come back to Python.
-            # On a new cluster, creating __consumer_offsets can hold one request until it times out.
-            attempt = max(min(self.attempt_timeout, deadline - time.monotonic()), 1.0)
-            future = self.admin.describe_consumer_groups([group], request_timeout=attempt)[group]
+
+        def describe(admin: Any) -> None:
+            from kafka import errors as kafka_errors
+
+            # DescribeGroups needs what the tasks' consumers need first (Describe on the group). kafka-python
+            # gives a group's error as text ("[Error 14] CoordinatorLoadInProgressError: ..."): raised as its
+            # class, so a settling coordinator is asked again and a refusal names the ACL.
+            error = admin.describe_groups([group]).get(group, {}).get("error")
+            if error:
+                exc_type = getattr(kafka_errors, error.split("] ", 1)[-1].split(":", 1)[0], kafka_errors.KafkaError)
+                if exc_type is not kafka_errors.GroupIdNotFoundError:  # a group not made yet (Kafka 4's answer)
+                    raise exc_type(error.split(": ", 1)[-1])
+
+        self._group_call(describe, f"check the consumer group failed for {group}")
+
+    def _group_call(self, call: Callable[[Any], Any], what: str) -> Any:
+        """Runs ``call(admin)`` on a kafka-python admin client, retried through a settling or moving
+        group coordinator within ``kafka.default.api.timeout.ms``. Driver side.
+
+        Every request to a group coordinator goes through kafka-python, never librdkafka's admin client:
+        on a coordinator that is not ready (a new cluster's, a moved one) librdkafka 2.16 and before
+        kills the process, on an OffsetFetch answer with a NULL dereference on its rdk:main thread
+        (librdkafka#5040, "segfault at 58") and on a DescribeGroups lookup with the assertion
+        ``eonce->refcnt > 0`` in ``rd_kafka_enq_once_del_source_return``; Spark then sees its source runner
+        die (``EOFException`` in ``PythonStreamingSourceRunner.init``).
+        """
+        from kafka.errors import KafkaError as PyKafkaError
+
+        from lastagent.kafka.wire import admin_client, explain
+
+        def once() -> Any:
+            admin = admin_client(self.options.client_config, self.options.api_timeout_ms)
             try:
-                future.result(timeout=attempt + 5)
-                return
-            except KafkaException as e:
-                err: Any = e.args[0] if e.args else None
-                # A new broker's group coordinator answers "load in progress" for a moment: ask again.
-                settling = hasattr(err, "name") and err.name() in _COORDINATOR_SETTLING | {"_TIMED_OUT"}
-                if not (settling or (hasattr(err, "retriable") and err.retriable())) or time.monotonic() > deadline:
-                    raise KafkaProtocolError(f"check the consumer group failed for {group}: {_kafka_error(e)}",
-                                             retriable=False) from e
-            time.sleep(0.1)
+                return call(admin)
+            except PyKafkaError as exc:  # named (and retried when a retry may help), never bare
+                raise explain(exc, "" if is_retriable(exc) else what) from None
+            finally:
+                admin.close()
+
+        return retried(once, what, self.options.api_timeout_ms)
 
     def _group(self) -> str:
         group = self.options.group_id
@@ -336,43 +350,29 @@ class OffsetReader:
         return group
 
     def group_offsets(self, tps: Iterable[TP]) -> dict[TP, int]:
-        """Offsets committed for ``kafka.group.id``; partitions without one are absent.
-
-        Read with kafka-python's OffsetFetch, not librdkafka's admin client: the latter crashes the
-        process on a NOT_COORDINATOR / COORDINATOR_NOT_AVAILABLE answer (see :meth:`require_group_access`).
-        """
+        """Offsets committed for ``kafka.group.id``; partitions without one are absent."""
         from kafka import TopicPartition as KafkaTopicPartition
-        from kafka.errors import KafkaError as PyKafkaError
-
-        from lastagent.kafka.wire import admin_client, explain
 
         group = self._group()
         wanted = [KafkaTopicPartition(t, p) for t, p in tps]
-
-        def once() -> dict:
-            admin = admin_client(self.options.client_config, self.options.api_timeout_ms)
-            try:
-                return admin.list_group_offsets({group: wanted})[group]
-            except PyKafkaError as exc:  # named (and retried when a retry may help), never bare
-                raise explain(exc, "" if is_retriable(exc) else f"fetching the offsets of group {group}") from None
-            finally:
-                admin.close()
-
-        result = retried(once, "fetching group offsets", self.options.api_timeout_ms)
+        result = self._group_call(lambda admin: admin.list_group_offsets({group: wanted})[group],
+                                  f"fetching the offsets of group {group}")
         return {(tp.topic, tp.partition): meta.offset for tp, meta in result.items() if meta.offset >= 0}
 
     def commit_group(self, offsets: Mapping[TP, int]) -> None:
         """Commits offsets to ``kafka.group.id`` (for lag tools; correctness never reads them)."""
-        from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+        from kafka import TopicPartition as KafkaTopicPartition
+        from kafka.structs import OffsetAndMetadata
 
         group = self._group()
-        request = [ConsumerGroupTopicPartitions(group, [TopicPartition(t, p, o) for (t, p), o in offsets.items()])]
-        self._wait(lambda: self.admin.alter_consumer_group_offsets(request, request_timeout=self.attempt_timeout),
-                   "committing group offsets")
+        request = {KafkaTopicPartition(t, p): OffsetAndMetadata(o, "", None) for (t, p), o in offsets.items()}
+        failed = self._group_call(lambda admin: admin.alter_group_offsets(group, request),
+                                  f"committing the offsets of group {group}")
+        refused = sorted(f"{tp.topic}-{tp.partition}: {err.__name__}" for tp, err in failed.items()
+                         if err.errno != 0)
+        if refused:
+            raise KafkaProtocolError(f"committing the offsets of group {group}: {', '.join(refused)}")
 
-
-#: Group-coordinator answers that pass once the coordinator has settled (a new broker, a moved group).
-_COORDINATOR_SETTLING = {"COORDINATOR_LOAD_IN_PROGRESS", "COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR"}
 
 #: librdkafka consumer settings an admin client would only warn about; kept for executors.
 _CONSUMER_ONLY = {"group.id", "isolation.level", "fetch.min.bytes", "fetch.max.bytes", "fetch.wait.max.ms",
