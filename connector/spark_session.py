@@ -44,6 +44,9 @@ def local_session(app_name: str = "lastagent", master: str = "local[2]", jars_di
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
         .config("spark.sql.shuffle.partitions", "2")
+        # Delta rebuilds a table's state from its log in 50 partitions by default, sized for clusters; on a
+        # local session that is 50 tasks per snapshot of a small table (as Delta's own tests set it).
+        .config("spark.databricks.delta.snapshotPartitions", "2")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.host", "127.0.0.1")

@@ -43,7 +43,8 @@ def session() -> SparkSession:
     return (SparkSession.builder.master("local[2]").appName(f"spark-versions-{PHASE}")
             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
             .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-            .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+            .config("spark.sql.shuffle.partitions", "2").config("spark.databricks.delta.snapshotPartitions", "2")
+            .getOrCreate())
 
 
 def source(spark: SparkSession, topic: str, **options: str):
