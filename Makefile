@@ -72,11 +72,13 @@ $(WHEEL_TOOLS)/.installed: Makefile
 .cache/kafka/jars/.complete:
 	@$(PY) dev/kafka_broker.py resolve
 
-.cache/spark/jars/.complete: $(VENV)/.deps dev/spark/pom.xml
+# One Maven at a time (order-only prerequisites): make test runs set-up two jobs at a time, and two Mavens
+# downloading into one local repository can leave a file half-written.
+.cache/spark/jars/.complete: $(VENV)/.deps dev/spark/pom.xml | .cache/s3/jars/.complete
 	@$(PYTHON) dev/spark_jars.py
 
 # hadoop-aws and the AWS SDK v2 modules it uses (not the 686 MB SDK bundle), for s3a:// in Spark.
-.cache/spark/s3a-jars/.complete: $(VENV)/.deps dev/spark/s3a-pom.xml
+.cache/spark/s3a-jars/.complete: $(VENV)/.deps dev/spark/s3a-pom.xml | .cache/spark/jars/.complete
 	@$(PYTHON) dev/spark_jars.py --s3a
 
 # A class-data archive of Spark's driver JVM for the tests' many short-lived drivers (dev/spark_cds.py; about 30 s,
@@ -86,7 +88,7 @@ $(WHEEL_TOOLS)/.installed: Makefile
 	@$(PYTHON) dev/spark_cds.py >>$(LOG) 2>&1 || (tail -30 $(LOG); exit 1)
 	@touch $@
 
-.cache/s3/jars/.complete: dev/s3/pom.xml
+.cache/s3/jars/.complete: dev/s3/pom.xml | .cache/kafka/jars/.complete
 	@$(PY) dev/s3_server.py resolve
 
 kafka-up: .cache/kafka/jars/.complete
@@ -128,9 +130,11 @@ run: setup kafka-up
 # the first three after it, the Spark-version matrix on all four minors). Two pytest workers (pytest-xdist), one test
 # file at a time each, the longest files first (tests/conftest.py): most of a crash test is waiting on a JVM, a
 # broker or a timeout, so two fit on two cores. Each worker has its own broker and Spark session. Where the time
-# goes: python dev/test_times.py .cache/test-times.xml (docs/testing.md).
+# goes: python dev/test_times.py .cache/test-times.xml (docs/testing.md). Set-up and lint run two jobs at a time:
+# the jars download while the wheel compiles, and lint runs beside the JVM archive's dump.
 TEST_WORKERS ?= 2
-test: setup $(TEST_JVM) lint
+test:
+	@$(MAKE) --no-print-directory -j2 setup $(TEST_JVM) lint
 	$(PYTEST) tests -m "not soak and not cluster and not kafka_cluster and not source_build and not spark_versions" \
 	  -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=40 --junitxml=.cache/test-times.xml
 
