@@ -1,0 +1,74 @@
+"""The foreachBatch epoch's pure rules, case by case (the model check covers their interplay)."""
+
+from __future__ import annotations
+
+import pytest
+
+from lastagent.core import batch_epoch as be
+from lastagent.core.protocol import Branch
+from lastagent.errors import ArbitrationError
+
+pytestmark = pytest.mark.unit
+
+B1 = Branch("lastagent-orders-g2-0-0", 12, 0)
+
+
+def test_the_current_generation_comes_from_the_txn_versions_alone():
+    assert be.current_generation("orders", {}) == 0
+    assert be.current_generation("orders", {be.app_id("orders", 0): be.FENCED}) == 1  # claimed, nothing decided
+    assert be.current_generation("orders", {be.app_id("orders", 0): be.FENCED, be.app_id("orders", 1): 7}) == 1
+    assert be.current_generation("orders", {be.app_id("orders", 1): be.FENCED, be.app_id("orders", 2): 9,
+                                            be.app_id("orders-2", 5): 3, "someone-else": 4}) == 2
+
+
+def test_app_ids_of_other_links_are_not_the_links():
+    assert be.generation_of("orders", be.app_id("orders", 3)) == 3
+    assert be.generation_of("orders", be.app_id("orders-eu", 3)) is None
+    assert be.generation_of("a.b", "lastagent/aXb/g1") is None
+
+
+def test_a_claim_fences_the_current_generation_and_knows_whether_it_won():
+    commit, mine = be.claim("orders", "run-2", "n2", {be.app_id("orders", 0): be.FENCED, be.app_id("orders", 1): 4})
+    assert (commit.app, commit.version) == (be.app_id("orders", 1), be.FENCED) and mine.fenced == 1
+    other = be.Claim("orders", 1, "run-3", "n3")
+    assert be.claim_won(mine, [None, "free text", commit.metadata])
+    assert not be.claim_won(mine, [other.to_metadata()])
+
+
+def test_records_round_trip_and_other_writers_metadata_is_not_one():
+    record = be.BatchRecord("orders", 7, 2, (B1,))
+    assert be.record_in(record.to_metadata(), "orders") == record
+    assert be.record_in(record.to_metadata(), "orders-eu") is None
+    assert be.record_in('{"job": "nightly"}', "orders") is None and be.record_in("nightly compaction", "orders") is None
+    assert be.record_in(be.Claim("orders", 1, "r", "n").to_metadata(), "orders") is None
+    with pytest.raises(ArbitrationError, match="names the link but is no record"):
+        be.record_in('{"lastagent": {"link": "orders", "epoch": 7}}', "orders")
+
+
+def test_entering_an_epoch():
+    txns = {be.app_id("orders", 1): be.FENCED, be.app_id("orders", 2): 6}
+    assert be.enter("orders", 7, 2, txns, None) == be.Fresh(be.app_id("orders", 2), 7)
+    decided = be.BatchRecord("orders", 7, 1, (B1,))
+    assert be.enter("orders", 7, 2, txns, decided) == be.Replay(be.app_id("orders", 1), 7, decided)
+    assert isinstance(be.enter("orders", 7, 1, txns, None), be.Superseded)
+    with pytest.raises(ArbitrationError, match="holds no record of the epoch"):
+        be.enter("orders", 6, 2, txns, None)
+
+
+def test_kafka_writes_after_the_delta_write_are_refused_by_name():
+    fresh = be.Fresh(be.app_id("orders", 2), 7)
+    assert be.may_write_kafka("orders", fresh, None) is None
+    said = be.may_write_kafka("orders", fresh, be.BatchRecord("orders", 7, 2, ()))
+    assert said is not None and "before the Delta write" in said
+
+
+def test_leaving_an_epoch():
+    fresh = be.Fresh(be.app_id("orders", 2), 7)
+    stray = Branch("lastagent-orders-g2-0-1", 13, 0)
+    decide = be.leave("orders", fresh, 2, [B1], [B1, stray], None, body_failed=False)
+    assert isinstance(decide, be.DecideByEmptyCommit) and be.record_in(decide.metadata, "orders").branches == (B1,)
+    recorded = be.BatchRecord("orders", 7, 2, (B1,))
+    assert be.leave("orders", fresh, 2, [B1], [B1, stray], recorded, False) == be.Finish((B1,), (stray,))
+    assert be.leave("orders", fresh, 2, [B1], [stray], None, body_failed=True) == be.Finish((), (B1, stray))
+    fenced = be.leave("orders", fresh, 2, [B1], [], None, body_failed=False, decided_here=True)
+    assert fenced.roll_back == (B1,) and "fenced" in fenced.fail
