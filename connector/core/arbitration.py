@@ -619,6 +619,10 @@ class DeltaArbitrationStore:
         filesystem_, root = self._config.filesystem(self._where), self._where.path
         try:
             found = filesystem_.get_file_info(fs.FileSelector(root, allow_not_found=True))
+        except FileNotFoundError:
+            # The directory went missing between the listing's stat and its read: another task of the
+            # run's first epoch creating the table at the same moment (seen in CI). Nothing else is there.
+            found = []
         except OSError as exc:
             raise ArbitrationError(f"option 'arbitrationTable': cannot list {self.path}: {exc}") from exc
         others = sorted(i.base_name for i in found if i.base_name != "_delta_log")
