@@ -8,8 +8,8 @@ from typing import Any
 
 from lastagent.errors import DataLossError, KafkaProtocolError, LastAgentError, OptionError, UnsupportedSparkError
 
-__all__ = ["DataLossError", "KafkaProtocolError", "LastAgentError", "OptionError", "UnsupportedSparkError", "register",
-           "reliable_groups"]
+__all__ = ["DataLossError", "KafkaProtocolError", "LastAgentError", "OptionError", "UnsupportedSparkError", "epoch",
+           "register", "reliable_groups"]
 
 
 def register(spark: Any) -> None:
@@ -44,4 +44,12 @@ def reliable_groups(df: Any, **kwargs: Any) -> Any:
     from lastagent.groups.step import reliable_groups as step
 
     return step(df, **kwargs)
+
+
+def epoch(batch: Any, epoch_id: int, **kwargs: Any) -> Any:
+    """One exactly-once epoch inside ``foreachBatch``: Kafka outputs and the block's Delta write decided as one
+    (experimental): see :func:`lastagent.foreach_batch.epoch` for the arguments. Driver side."""
+    from lastagent.foreach_batch import epoch as block
+
+    return block(batch, epoch_id, **kwargs)
 __version__ = "0.1.0"

@@ -249,8 +249,9 @@ def may_write_kafka(link: str, entry: Entry, record: BatchRecord | None) -> str 
 
 @dataclass(frozen=True)
 class DecideByEmptyCommit:
-    """The body made no Delta commit: decide with an empty append under ``txn(app, epoch)`` carrying ``metadata``,
-    then read the record again (:func:`leave` with ``decided_here=True``)."""
+    """The body made no Delta commit but prepared Kafka branches: decide with an empty append under
+    ``txn(app, epoch)`` carrying ``metadata``, then read the record again (:func:`leave` with ``decided_here=True``).
+    A body that made neither has nothing to decide."""
 
     app: str
     epoch: int
@@ -289,11 +290,12 @@ def leave(link: str, entry: Entry, generation: int, prepared: Sequence[Branch], 
     if isinstance(entry, Superseded):
         return Finish((), tuple(prepared), entry.reason)
     if record is None:
-        if isinstance(entry, Fresh) and not body_failed and not decided_here:
+        if isinstance(entry, Fresh) and not body_failed and not decided_here and prepared:
             metadata = BatchRecord(link, entry.epoch, generation, tuple(dict.fromkeys(prepared))).to_metadata()
             return DecideByEmptyCommit(entry.app, entry.epoch, metadata)
-        why = None if body_failed else (f"link {link!r} epoch {entry.epoch}: the epoch's decision was not "
-                                        "committed (a newer run fenced this one); nothing of it was written")
+        fenced = decided_here and not body_failed  # the block's own decision commit was skipped or refused
+        why = None if not fenced else (f"link {link!r} epoch {entry.epoch}: the epoch's decision was not "
+                                       "committed (a newer run fenced this one); nothing of it was written")
         return Finish((), tuple(everything), why)
     named = set(record.branches)
     rest = tuple(b for b in everything if b not in named)

@@ -70,5 +70,21 @@ def test_leaving_an_epoch():
     recorded = be.BatchRecord("orders", 7, 2, (B1,))
     assert be.leave("orders", fresh, 2, [B1], [B1, stray], recorded, False) == be.Finish((B1,), (stray,))
     assert be.leave("orders", fresh, 2, [B1], [stray], None, body_failed=True) == be.Finish((), (B1, stray))
+    assert be.leave("orders", fresh, 2, [], [stray], None, body_failed=False) == be.Finish((), (stray,))  # nothing
     fenced = be.leave("orders", fresh, 2, [B1], [], None, body_failed=False, decided_here=True)
     assert fenced.roll_back == (B1,) and "fenced" in fenced.fail
+
+
+def test_the_block_refuses_what_it_does_not_implement_by_name():
+    from types import SimpleNamespace
+
+    import lastagent
+    from lastagent.errors import OptionError
+
+    batch = SimpleNamespace(sparkSession=SimpleNamespace(sparkContext=None))  # options are checked before Spark
+    with pytest.raises(OptionError, match="option 'table'.*catalog name"):
+        lastagent.epoch(batch, 0, link="orders", table="main.sales.orders", **{"kafka.bootstrap.servers": "h:9092"})
+    with pytest.raises(OptionError, match="option 'topic'.*kafka.\\* client settings only"):
+        lastagent.epoch(batch, 0, link="orders", table="/data/orders", topic="x", **{"kafka.bootstrap.servers": "h:1"})
+    with pytest.raises(OptionError, match="option 'kafka.bootstrap.servers'"):
+        lastagent.epoch(batch, 0, link="orders", table="/data/orders")

@@ -1,0 +1,331 @@
+"""``lastagent.epoch``: one exactly-once epoch inside ``foreachBatch``, Spark's own Delta write as the last agent.
+
+Driver side (the block and its phase 2); ``to_kafka``'s tasks run on the executors. The rules (the fence, the
+claim, entering and leaving) are :mod:`lastagent.core.batch_epoch`'s; this module carries them out with Spark,
+delta-rs (reading the table's ``txn`` versions and history only: every commit is Spark's) and the Kafka
+branch writer. Design: ``dev/designs/foreach-batch-epoch.md``.
+
+Experimental (issue 45): classic Spark only, a table given by path.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from lastagent.core import batch_epoch as be
+from lastagent.core import protocol, xid
+from lastagent.errors import DecidedBranchLostError, OptionError, StaleOwnerError
+from lastagent.kafka.config import KafkaConfig
+
+log = logging.getLogger("lastagent.epoch")
+
+_TXN_APP = "spark.databricks.delta.write.txnAppId"
+_TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+_RUN_ID_PROPERTY = "spark.jobGroup.id"  # MicroBatchExecution's job group: the run id
+
+#: How many of the table's newest commits are searched for records and claims.
+HISTORY_DEPTH = 200
+#: Task outputs of one ``to_kafka`` call are numbered apart from the next call's in the transactional ids.
+_CALL_STRIDE = 1_000_000
+
+_lock = threading.Lock()
+_generations: dict[tuple[str, str, str], int] = {}  # (table, link, run id) -> the generation the run won
+_busy_sessions: set[int] = set()
+
+
+def _write_branch(client: KafkaConfig, link: str, generation: int, call: int, timeout_ms: int,
+                  topic: str | None, batches: Iterator[Any]) -> Iterator[Any]:
+    """One task of ``to_kafka``: the partition's records into one prepared branch; yields its handle. Executor."""
+    import pyarrow as pa
+    from pyspark import TaskContext
+
+    from lastagent.kafka.xa import BranchWriter
+    from lastagent.sinks.kafka_rows import records
+
+    ctx = TaskContext.get()
+    assert ctx is not None, "to_kafka's writer runs in a Spark task"
+    tid = xid.transactional_id(link, generation, call * _CALL_STRIDE + ctx.partitionId(), ctx.attemptNumber())
+    writer = BranchWriter(client, tid, timeout_ms)
+    try:
+        for batch in batches:
+            for key, value, row_topic, part, headers in records(batch, topic):
+                writer.send(row_topic, value, key, headers, part)
+        handle = writer.prepare()
+        writer.release()  # stays open (prepared): the driver ends it after the Delta commit
+    except BaseException:
+        try:
+            writer.abort_local()
+        except Exception as exc:  # the original failure is what matters
+            log.warning("branch %s: local abort after a failed write also failed: %s", tid, exc)
+        raise
+    yield pa.RecordBatch.from_pydict({"handle": [handle.to_json()]})
+
+
+def _is_connect(session: Any) -> bool:
+    return type(session).__module__.startswith("pyspark.sql.connect")
+
+
+class Epoch:
+    """The block; see :func:`epoch`."""
+
+    def __init__(self, batch: Any, epoch_id: int, link: str, table: str, options: Mapping[str, str]) -> None:
+        self.batch = batch
+        self.epoch = int(epoch_id)
+        self.link = xid.check_link(link)
+        self.table = str(table)
+        if "/" not in self.table and ":" not in self.table:
+            raise OptionError("table", f"{self.table!r} looks like a catalog name; lastagent.epoch takes the Delta "
+                                       "table's path for now (DESCRIBE DETAIL <name> shows its location)")
+        if not hasattr(batch.sparkSession, "sparkContext") or _is_connect(batch.sparkSession):
+            raise OptionError("foreachBatch", "lastagent.epoch runs on classic Spark for now, not Spark Connect")
+        opts = {k.lower(): v for k, v in options.items()}
+        unknown = sorted(k for k in opts if not k.startswith("kafka."))
+        if unknown:
+            raise OptionError(unknown[0], "lastagent.epoch takes kafka.* client settings only")
+        if not opts.get("kafka.bootstrap.servers", "").strip():
+            raise OptionError("kafka.bootstrap.servers", "is required, e.g. **{'kafka.bootstrap.servers': 'host:9092'}")
+        self.timeout_ms = int(opts.pop("kafka.transaction.timeout.ms", "900000"))
+        self.client = KafkaConfig.parse({k[len("kafka."):]: v for k, v in opts.items()})
+        self.generation = -1
+        self.entry: be.Entry | None = None
+        self.prepared: list[Any] = []  # BranchHandle
+        self._calls = 0
+        self._saved: list[tuple[Any, dict[str, str | None]]] = []
+
+    @property
+    def replayed(self) -> bool:
+        """True when the epoch was decided by an earlier run: Delta skips the block's writes, to_kafka writes nothing."""
+        return isinstance(self.entry, be.Replay)
+
+    # -- reading the table -----------------------------------------------------------------------
+
+    def _delta(self) -> Any:
+        from deltalake import DeltaTable
+
+        return DeltaTable(self.table)
+
+    def _txns(self, dt: Any) -> dict[str, int]:
+        out, g = {}, 0
+        while (version := dt.transaction_version(be.app_id(self.link, g))) is not None:
+            out[be.app_id(self.link, g)] = int(version)
+            g += 1
+        return out
+
+    def _history(self, dt: Any) -> list[str | None]:
+        return [c.get("userMetadata") for c in dt.history(HISTORY_DEPTH)]
+
+    def _record(self, history: list[str | None]) -> be.BatchRecord | None:
+        for m in history:
+            r = be.record_in(m, self.link)
+            if r is not None and r.epoch == self.epoch:
+                return r
+        return None
+
+    # -- the claim ---------------------------------------------------------------------------------
+
+    def _run_id(self) -> str:
+        run = self.batch.sparkSession.sparkContext.getLocalProperty(_RUN_ID_PROPERTY)
+        if not run:
+            raise OptionError("foreachBatch", "lastagent.epoch runs inside a streaming query's foreachBatch "
+                                              f"function (Spark's local property {_RUN_ID_PROPERTY!r} is not set)")
+        return str(run)
+
+    def _empty_frame(self) -> Any:
+        """No rows, in the table's columns but those Delta fills itself (identity, generated): an append of it
+        makes a commit that carries ``txn`` and the metadata and changes no data."""
+        from pyspark.sql.types import StructType
+
+        spark = self.batch.sparkSession
+        # Spark's read schema drops the columns' Delta metadata; the log (delta-rs) has it.
+        filled = {f.name for f in self._delta().schema().fields
+                  if any(k.startswith(("delta.identity.", "delta.generationExpression")) for k in f.metadata)}
+        schema = spark.read.format("delta").load(self.table).schema
+        return spark.createDataFrame([], StructType([f for f in schema.fields if f.name not in filled]))
+
+    def _empty_append(self, app: str, version: int, metadata: str) -> None:
+        (self._empty_frame().write.format("delta").mode("append").option("txnAppId", app)
+         .option("txnVersion", str(version)).option("userMetadata", metadata).save(self.table))
+
+    def _claim(self, run: str) -> int:
+        """Wins the next generation for ``run`` (a claim commit through Spark), then recovers the link."""
+        from lastagent.kafka.xa import KafkaXAResource
+
+        for attempt in range(1, 9):
+            commit, mine = be.claim(self.link, run, f"{run}-{uuid.uuid4().hex[:8]}", self._txns(self._delta()))
+            try:
+                self._empty_append(commit.app, commit.version, commit.metadata)
+            except Exception as exc:  # a concurrent claim won the same fence (ConcurrentTransactionException)
+                if "Concurrent" not in str(exc):
+                    raise
+                log.info("link %s: claim attempt %d lost a race: %s", self.link, attempt, str(exc)[:200])
+                continue
+            dt = self._delta()
+            history = self._history(dt)
+            if be.claim_won(mine, history):
+                generation = mine.fenced + 1
+                decisions = {}
+                for m in reversed(history):
+                    r = be.record_in(m, self.link)
+                    if r is not None:
+                        decisions[r.epoch] = r.branches
+                with KafkaXAResource(self.client) as xa:
+                    earlier = [t for t in xa.recover(xid.id_prefix(self.link))
+                               if (xid.parse_transactional_id(self.link, t.transactional_id) or (generation,))[0]
+                               < generation]
+                    handles = {protocol.Branch.of(t): t.handle() for t in earlier}
+                    actions = protocol.recover(self.epoch - 1, decisions, list(handles))
+                    self._carry_out(xa, [a for a in actions if isinstance(a, protocol.CommitBranch)],
+                                    [a for a in actions if isinstance(a, protocol.RollbackBranch)], handles)
+                log.info("link %s: run %s holds it as generation %d", self.link, run, generation)
+                return generation
+        raise StaleOwnerError(f"link {self.link!r}: run {run} lost 8 claims in a row to other runs")
+
+    def _carry_out(self, xa: Any, commits: list[Any], rollbacks: list[Any], handles: Mapping[Any, Any]) -> None:
+        from lastagent.kafka.xa import BranchHandle, EndOutcome
+
+        def handle(b: protocol.Branch) -> Any:
+            return handles.get(b) or BranchHandle(b.transactional_id, b.producer_id, b.producer_epoch, 1)
+
+        for a in commits:
+            result = xa.commit(handle(a.branch))
+            if result.outcome not in (EndOutcome.COMMITTED, EndOutcome.NOTHING_TO_END):
+                raise DecidedBranchLostError(protocol.lost_branch_reason(self.link, a.epoch, a.branch, result.detail))
+        for a in rollbacks:
+            xa.rollback(handle(a.branch))
+
+    # -- the block ---------------------------------------------------------------------------------
+
+    def __enter__(self) -> Epoch:
+        run = self._run_id()
+        key = (self.table, self.link, run)
+        with _lock:
+            generation = _generations.get(key)
+        if generation is None:
+            generation = self._claim(run)
+            with _lock:
+                _generations[key] = generation
+        self.generation = generation
+        dt = self._delta()
+        self.entry = be.enter(self.link, self.epoch, generation, self._txns(dt), self._record(self._history(dt)))
+        if isinstance(self.entry, be.Superseded):
+            raise StaleOwnerError(self.entry.reason)
+        metadata = (self.entry.record.to_metadata() if isinstance(self.entry, be.Replay)
+                    else be.BatchRecord(self.link, self.epoch, generation, ()).to_metadata())
+        self._set_confs(self.entry.app, self.epoch, metadata)
+        return self
+
+    def _sessions(self) -> list[Any]:
+        from pyspark.sql import SparkSession
+
+        out, seen = [], set()
+        for s in (self.batch.sparkSession, SparkSession.getActiveSession(), SparkSession.builder.getOrCreate()):
+            if s is not None and s._jsparkSession.hashCode() not in seen:
+                seen.add(s._jsparkSession.hashCode())
+                out.append(s)
+        return out
+
+    def _set_confs(self, app: str, epoch: int, metadata: str) -> None:
+        sessions = self._sessions()
+        with _lock:
+            busy = [s for s in sessions if s._jsparkSession.hashCode() in _busy_sessions]
+            if busy and not self._saved:
+                raise OptionError("foreachBatch", "another lastagent.epoch block runs on the same Spark session; "
+                                                  "Delta's idempotent-write settings are per session: run one "
+                                                  "block at a time per session")
+            if not self._saved:
+                _busy_sessions.update(s._jsparkSession.hashCode() for s in sessions)
+                self._saved = [(s, {k: s.conf.get(k, None) for k in (_TXN_APP, _TXN_VERSION, _USER_METADATA)})
+                               for s in sessions]
+        for s in sessions:
+            s.conf.set(_TXN_APP, app)
+            s.conf.set(_TXN_VERSION, str(epoch))
+            s.conf.set(_USER_METADATA, metadata)
+
+    def _restore_confs(self) -> None:
+        with _lock:
+            for s, before in self._saved:
+                for k, v in before.items():
+                    if v is None:
+                        s.conf.unset(k)
+                    else:
+                        s.conf.set(k, v)
+                _busy_sessions.discard(s._jsparkSession.hashCode())
+            self._saved = []
+
+    def to_kafka(self, df: Any, topic: str | None = None) -> None:
+        """Writes ``df`` (``value``, optional ``key``, ``topic``, ``partition``, ``headers``, as Spark's kafka sink
+        takes them) into prepared branches of this epoch; visible to read_committed consumers once the block's
+        Delta commit has decided the epoch. Call it before the Delta write. Driver (the job's tasks: executors)."""
+        from lastagent.kafka.xa import BranchHandle
+        from lastagent.sinks.kafka_rows import check_schema
+
+        assert self.entry is not None, "to_kafka is called inside the with block"
+        refused = be.may_write_kafka(self.link, self.entry, self._record(self._history(self._delta())))
+        if refused is not None:
+            raise StaleOwnerError(refused)
+        if isinstance(self.entry, be.Replay):
+            return
+        assert isinstance(self.entry, be.Fresh)  # a Superseded entry was refused above
+        check_schema(df.schema, topic)
+        self._calls += 1
+        write = functools.partial(_write_branch, self.client, self.link, self.generation, self._calls,
+                                  self.timeout_ms, topic)
+        handles = [BranchHandle.from_json(r.handle) for r in df.mapInArrow(write, "handle string").collect()]
+        self.prepared += [h for h in handles if not h.read_only]
+        branches = tuple(protocol.Branch.of(h) for h in self.prepared)
+        self._set_confs(self.entry.app, self.epoch, be.BatchRecord(self.link, self.epoch, self.generation,
+                                                                   branches).to_metadata())
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        from lastagent.kafka.xa import KafkaXAResource
+
+        assert self.entry is not None
+        try:
+            prepared = {protocol.Branch.of(h): h for h in self.prepared}
+            decided_here = False
+            with KafkaXAResource(self.client) as xa:
+                while True:
+                    mine = [t for t in xa.recover(xid.id_prefix(self.link))
+                            if (xid.parse_transactional_id(self.link, t.transactional_id) or (self.generation + 1,))[0]
+                            <= self.generation]
+                    handles = {**{protocol.Branch.of(t): t.handle() for t in mine}, **prepared}
+                    out = be.leave(self.link, self.entry, self.generation, list(prepared), list(handles),
+                                   self._record(self._history(self._delta())), exc is not None, decided_here)
+                    if isinstance(out, be.DecideByEmptyCommit):
+                        self._empty_append_with_confs()
+                        decided_here = True
+                        continue
+                    break
+                self._carry_out(xa, [protocol.CommitBranch(b, self.epoch) for b in out.commit],
+                                [protocol.RollbackBranch(b) for b in out.roll_back], handles)
+        finally:
+            self._restore_confs()
+        if out.fail is not None and exc is None:
+            raise StaleOwnerError(out.fail)
+
+    def _empty_append_with_confs(self) -> None:
+        # The session confs set at entry (and by to_kafka) carry txn(app, epoch) and the record.
+        self._empty_frame().write.format("delta").mode("append").save(self.table)
+
+
+def epoch(batch: Any, epoch_id: int, *, link: str, table: str, **options: str) -> Epoch:
+    """One exactly-once epoch inside ``foreachBatch``: Kafka outputs and the Delta write decided as one.
+
+    ``with lastagent.epoch(batch, epoch_id, link="orders-cdc", table="/data/orders", **kafka) as e:`` then
+    ``e.to_kafka(df, topic=...)`` for every Kafka output, then the one Delta write (a ``MERGE``, ``UPDATE``,
+    ``DELETE`` or append through Spark, on ``table``). Driver side.
+
+    Args:
+        batch: the micro-batch DataFrame foreachBatch passes.
+        epoch_id: its batch id.
+        link: the link's stable name (it names the transactional ids and the Delta app ids).
+        table: the Delta table the block's write goes to (a path).
+        options: ``kafka.*`` client settings (``kafka.bootstrap.servers`` required).
+    """
+    return Epoch(batch, epoch_id, link, table, options)
