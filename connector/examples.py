@@ -9,6 +9,9 @@ DEAD_LETTERS SIDE [PER_TRIGGER]`` runs the three links as three queries of one a
 demo kills and restarts them; the crash tests run them with a crash hook installed.
 ``python -m lastagent.examples groups-driver BOOTSTRAP TOPIC TABLE CHECKPOINT LINK DEAD_LETTER_TABLE STOP_FILE
 METRICS_FILE`` runs Kafka → reliable groups → ``lastagent-delta`` until ``STOP_FILE`` exists.
+``python -m lastagent.examples merge-driver BOOTSTRAP SOURCE_TOPIC EVENTS_TOPIC TABLE CHECKPOINT LINK [PER_TRIGGER]``
+runs change records (JSON ``{"id", "amount"}``) through ``foreachBatch`` with :func:`lastagent.epoch`: one event per
+change to ``EVENTS_TOPIC``, then a ``MERGE`` of the newest amount per id into the Delta table ``TABLE``.
 ``LASTAGENT_RUN_UNTIL`` names a file: the pipelines then run every second until it exists, then drain
 their sources and stop (the broker-loss tests feed them meanwhile).
 ``LASTAGENT_SPARK_MASTER`` and ``LASTAGENT_SPARK_CONF`` (``key=value;key=value``) shape the session;
@@ -278,11 +281,42 @@ def enrich(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch.append_column("amount", pa.array(amounts, pa.int64()))
 
 
+def merge_changes(spark: Any, bootstrap: str, source: str, events: str, table: str, checkpoint: str, link: str,
+                  per_trigger: str = "40") -> Any:
+    """Kafka change records → ``foreachBatch``: events to Kafka and a MERGE into Delta as one epoch; the started query."""
+    from delta.tables import DeltaTable
+
+    import lastagent
+
+    def apply(batch: Any, epoch_id: int) -> None:
+        with lastagent.epoch(batch, epoch_id, link=link, table=table,
+                             **{**_kafka_options(), "kafka.bootstrap.servers": bootstrap}) as e:
+            e.to_kafka(batch.selectExpr("CAST(id AS STRING) AS key", "to_json(struct(id, amount)) AS value"),
+                       topic=events)
+            latest = batch.groupBy("id").agg({"amount": "max"}).withColumnRenamed("max(amount)", "amount")
+            (DeltaTable.forPath(spark, table).alias("t").merge(latest.alias("s"), "t.id = s.id")
+             .whenMatchedUpdate(set={"amount": "s.amount"})
+             .whenNotMatchedInsert(values={"id": "s.id", "amount": "s.amount"}).execute())
+
+    return _trigger(
+        spark.readStream.format("lastagent-kafka").options(**_kafka_options())
+        .option("kafka.bootstrap.servers", bootstrap).option("subscribe", source)
+        .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", per_trigger).load()
+        .selectExpr("CAST(get_json_object(CAST(value AS STRING), '$.id') AS BIGINT) AS id",
+                    "CAST(get_json_object(CAST(value AS STRING), '$.amount') AS BIGINT) AS amount")
+        .writeStream.foreachBatch(apply).option("checkpointLocation", checkpoint)).start()
+
+
+def merge_driver(*args: str) -> int:
+    """:func:`merge_changes` as a driver program."""
+    return _run("lastagent-merge-driver", lambda spark: merge_changes(spark, *args))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="lastagent example pipelines")
     pipelines: dict[str, Callable[..., int]] = {"sink-driver": sink_driver, "kafka-driver": kafka_driver,
                                                 "delta-driver": delta_driver, "links-driver": links_driver,
-                                                "groups-driver": groups_driver}
+                                                "groups-driver": groups_driver, "merge-driver": merge_driver}
     parser.add_argument("pipeline", choices=sorted(pipelines))
     parser.add_argument("args", nargs="*")
     args = parser.parse_args(argv)

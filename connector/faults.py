@@ -2,7 +2,8 @@
 
 The connector calls :func:`point` at ``after_prepare``, ``after_arbitration``,
 ``between_branch_commits``, ``after_phase2``, ``in_recovery``, ``before_files``,
-``after_files``, ``before_dead_letter_table`` and ``task_mid_write``. Nothing happens there unless
+``after_files``, ``before_dead_letter_table`` and ``task_mid_write`` (``lastagent.epoch``: the first four
+and ``in_recovery``, on the driver). Nothing happens there unless
 a hook was installed with :func:`install`; only the crash tests install one (tests/crashhook/), in
 the processes they start. A point then costs one global lookup.
 """

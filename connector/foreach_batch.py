@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from lastagent import faults
 from lastagent.core import batch_epoch as be
 from lastagent.core import protocol, xid
 from lastagent.errors import DecidedBranchLostError, OptionError, StaleOwnerError
@@ -168,6 +169,7 @@ class Epoch:
             dt = self._delta()
             history = self._history(dt)
             if be.claim_won(mine, history):
+                faults.point("in_recovery")
                 generation = mine.fenced + 1
                 decisions = {}
                 for m in reversed(history):
@@ -192,7 +194,9 @@ class Epoch:
         def handle(b: protocol.Branch) -> Any:
             return handles.get(b) or BranchHandle(b.transactional_id, b.producer_id, b.producer_epoch, 1)
 
-        for a in commits:
+        for i, a in enumerate(commits):
+            if i:
+                faults.point("between_branch_commits")
             result = xa.commit(handle(a.branch))
             if result.outcome not in (EndOutcome.COMMITTED, EndOutcome.NOTHING_TO_END):
                 raise DecidedBranchLostError(protocol.lost_branch_reason(self.link, a.epoch, a.branch, result.detail))
@@ -278,6 +282,7 @@ class Epoch:
                                   self.timeout_ms, topic)
         handles = [BranchHandle.from_json(r.handle) for r in df.mapInArrow(write, "handle string").collect()]
         self.prepared += [h for h in handles if not h.read_only]
+        faults.point("after_prepare")
         branches = tuple(protocol.Branch.of(h) for h in self.prepared)
         self._set_confs(self.entry.app, self.epoch, be.BatchRecord(self.link, self.epoch, self.generation,
                                                                    branches).to_metadata())
@@ -286,6 +291,7 @@ class Epoch:
         from lastagent.kafka.xa import KafkaXAResource
 
         assert self.entry is not None
+        faults.point("after_arbitration")  # the body's Delta write (the decision) is behind us
         try:
             prepared = {protocol.Branch.of(h): h for h in self.prepared}
             decided_here = False
