@@ -177,7 +177,17 @@ class OffsetReader:
         settings["error_cb"] = self._on_client_error
         check_login(options.client_config.security.oauth)
         settings.update(options.client_config.oauth_cb())
+        self._settings = settings
         self.admin = AdminClient(settings)
+
+    def _renew_admin(self) -> None:
+        """A new admin client, with metadata read afresh. librdkafka's admin requests go to the leader its
+        metadata cache names, with that cache's leader epoch; after a broker restart it kept sending
+        ListOffsets with a fenced epoch (``FENCED_LEADER_EPOCH``, "Leader epoch is older than broker epoch")
+        for the whole 60 s budget (CI, the Kafka-cluster tier's rolling restart), so a retry starts clean."""
+        from confluent_kafka.admin import AdminClient
+
+        self.admin = AdminClient(self._settings)
 
     def _on_client_error(self, err: Any) -> None:
         # librdkafka reports a refused login or TLS handshake only here; the call waiting on the
@@ -199,7 +209,10 @@ class OffsetReader:
                 try:
                     out[key] = fut.result(timeout=self.attempt_timeout + 5)
                 except KafkaException as e:
-                    raise KafkaProtocolError(f"{_kafka_error(e)} ({what}, {key})", retriable=is_retriable(e)) from e
+                    retriable = is_retriable(e)
+                    if retriable:
+                        self._renew_admin()  # the retry asks with fresh metadata (a leader, its epoch)
+                    raise KafkaProtocolError(f"{_kafka_error(e)} ({what}, {key})", retriable=retriable) from e
             return out
 
         return retried(once, what, self.options.api_timeout_ms)
