@@ -217,6 +217,7 @@ bench: setup kafka-up
 	cd bench && ../$(PYTHON) commit_check.py | tee ../.cache/bench-commit-check.json
 	cd bench && ../$(PYTHON) epoch_cost.py | tee ../.cache/bench-epoch-cost.json
 	cd bench && ../$(PYTHON) scale_bench.py | tee ../.cache/bench-scale.json
+	cd bench && ../$(PYTHON) merge_bench.py | tee ../.cache/bench-merge.json
 	cd bench && ../$(PYTHON) ceiling_bench.py | tee ../.cache/bench-ceiling.json
 	cd bench && ../$(PYTHON) delta_bench.py | tee ../.cache/bench-delta.json
 	cd bench && ../$(PYTHON) row_rules.py | tee ../.cache/bench-row-rules.json
