@@ -91,7 +91,11 @@ class Epoch:
             raise OptionError(unknown[0], "lastagent.epoch takes kafka.* client settings only")
         if not opts.get("kafka.bootstrap.servers", "").strip():
             raise OptionError("kafka.bootstrap.servers", "is required, e.g. **{'kafka.bootstrap.servers': 'host:9092'}")
-        self.timeout_ms = int(opts.pop("kafka.transaction.timeout.ms", "900000"))
+        timeout = opts.pop("kafka.transaction.timeout.ms", "900000")
+        if not timeout.strip().isdigit() or int(timeout) <= 0:
+            raise OptionError("kafka.transaction.timeout.ms", f"is {timeout!r}; give a positive number of "
+                                                              "milliseconds, at most the broker's transaction.max.timeout.ms")
+        self.timeout_ms = int(timeout)
         self.client = KafkaConfig.parse({k[len("kafka."):]: v for k, v in opts.items()})
         self.generation = -1
         self.entry: be.Entry | None = None

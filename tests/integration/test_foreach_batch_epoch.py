@@ -29,31 +29,15 @@ def _produce(bootstrap: str, topic: str) -> None:
 
     producer = Producer({"bootstrap.servers": bootstrap})
     for i in range(CHANGES):
-        producer.produce(topic, key=str(i % KEYS).encode(), value=json.dumps({"id": i % KEYS, "amount": i}).encode())
+        producer.produce(topic, key=str(i % KEYS).encode(), value=json.dumps({"id": i % KEYS, "amount": i}).encode(),
+                         partition=i % 2)
     assert producer.flush(30) == 0
 
 
 def _query(spark, bootstrap, source, events, table, checkpoint, link):
-    from delta.tables import DeltaTable
+    from lastagent.examples import merge_changes  # the crash tests' driver runs the same pipeline
 
-    import lastagent
-
-    def apply(batch, epoch_id):
-        with lastagent.epoch(batch, epoch_id, link=link, table=table,
-                                   **{"kafka.bootstrap.servers": bootstrap}) as e:
-            e.to_kafka(batch.selectExpr("CAST(id AS STRING) AS key", "to_json(struct(id, amount)) AS value"),
-                       topic=events)
-            latest = batch.groupBy("id").agg({"amount": "max"}).withColumnRenamed("max(amount)", "amount")
-            (DeltaTable.forPath(spark, table).alias("t").merge(latest.alias("s"), "t.id = s.id")
-             .whenMatchedUpdate(set={"amount": "s.amount"})
-             .whenNotMatchedInsert(values={"id": "s.id", "amount": "s.amount"}).execute())
-
-    return (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", source)
-            .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "40").load()
-            .selectExpr("CAST(get_json_object(CAST(value AS STRING), '$.id') AS BIGINT) AS id",
-                        "CAST(get_json_object(CAST(value AS STRING), '$.amount') AS BIGINT) AS amount")
-            .writeStream.foreachBatch(apply).option("checkpointLocation", str(checkpoint))
-            .trigger(availableNow=True).start())
+    return merge_changes(spark, bootstrap, source, events, table, str(checkpoint), link, "40")
 
 
 def test_merge_and_events_once_and_a_replayed_epoch_sends_nothing_again(spark, kafka_bootstrap, new_topic, tmp_path):

@@ -88,3 +88,6 @@ def test_the_block_refuses_what_it_does_not_implement_by_name():
         lastagent.epoch(batch, 0, link="orders", table="/data/orders", topic="x", **{"kafka.bootstrap.servers": "h:1"})
     with pytest.raises(OptionError, match="option 'kafka.bootstrap.servers'"):
         lastagent.epoch(batch, 0, link="orders", table="/data/orders")
+    with pytest.raises(OptionError, match="option 'kafka.transaction.timeout.ms'.*positive number"):
+        lastagent.epoch(batch, 0, link="orders", table="/data/orders",
+                        **{"kafka.bootstrap.servers": "h:1", "kafka.transaction.timeout.ms": "15min"})
