@@ -5,14 +5,16 @@ claim, entering and leaving) are :mod:`lastagent.core.batch_epoch`'s; this modul
 delta-rs (reading the table's ``txn`` versions and history only: every commit is Spark's) and the Kafka
 branch writer. Design: ``dev/designs/foreach-batch-epoch.md``.
 
-Experimental (issue 45): classic Spark only, a table given by path.
+Experimental (issue 45): classic Spark only; a table by path or by catalog name.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import re
 import threading
+import urllib.parse
 import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -68,6 +70,34 @@ def _write_branch(client: KafkaConfig, link: str, generation: int, call: int, ti
     yield pa.RecordBatch.from_pydict({"handle": [handle.to_json()]})
 
 
+_DELTA_PATH_NAME = re.compile(r"^delta\.`(.+)`$", re.IGNORECASE)
+
+
+def table_location(spark: Any, table: str) -> str:
+    """The Delta table's path: a path or ``delta.`path``` as given, a catalog name by its location. Driver.
+
+    Spark's commit can go to either, but the block reads the table's ``txn`` versions and history with delta-rs,
+    which knows paths only; ``DESCRIBE DETAIL`` gives a catalog table's location (and format).
+    """
+    quoted = _DELTA_PATH_NAME.match(table.strip())
+    if quoted:
+        return quoted.group(1)
+    if "/" in table or ":" in table:
+        return table
+    try:
+        detail = spark.sql(f"DESCRIBE DETAIL {table}").select("format", "location").first()
+    except Exception as exc:  # Spark's AnalysisException: TABLE_OR_VIEW_NOT_FOUND and the like
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise OptionError("table", f"{table!r} is not a path and Spark does not know it as a table: {first}") from exc
+    if detail is None or str(detail.format).lower() != "delta":
+        kind = "no" if detail is None else f"a {detail.format!r}"
+        raise OptionError("table", f"{table!r} is {kind} table; the block's one commit must be a Delta table's")
+    location = str(detail.location)
+    if location.startswith("file:"):  # Spark says file:/abs/path; delta-rs wants the path
+        location = urllib.parse.unquote(urllib.parse.urlparse(location).path)
+    return location
+
+
 def _is_connect(session: Any) -> bool:
     return type(session).__module__.startswith("pyspark.sql.connect")
 
@@ -79,12 +109,9 @@ class Epoch:
         self.batch = batch
         self.epoch = int(epoch_id)
         self.link = xid.check_link(link)
-        self.table = str(table)
-        if "/" not in self.table and ":" not in self.table:
-            raise OptionError("table", f"{self.table!r} looks like a catalog name; lastagent.epoch takes the Delta "
-                                       "table's path for now (DESCRIBE DETAIL <name> shows its location)")
         if not hasattr(batch.sparkSession, "sparkContext") or _is_connect(batch.sparkSession):
             raise OptionError("foreachBatch", "lastagent.epoch runs on classic Spark for now, not Spark Connect")
+        self.table = table_location(batch.sparkSession, str(table))
         opts = {k.lower(): v for k, v in options.items()}
         unknown = sorted(k for k in opts if not k.startswith("kafka."))
         if unknown:
@@ -335,7 +362,7 @@ def epoch(batch: Any, epoch_id: int, *, link: str, table: str, **options: str) -
         batch: the micro-batch DataFrame foreachBatch passes.
         epoch_id: its batch id.
         link: the link's stable name (it names the transactional ids and the Delta app ids).
-        table: the Delta table the block's write goes to (a path).
+        table: the Delta table the block's write goes to: a path, ``delta.`path``` or a catalog name.
         options: ``kafka.*`` client settings (``kafka.bootstrap.servers`` required).
     """
     return Epoch(batch, epoch_id, link, table, options)

@@ -70,3 +70,107 @@ def test_merge_and_events_once_and_a_replayed_epoch_sends_nothing_again(spark, k
     assert {r.id: r.amount for r in spark.read.format("delta").load(table).collect()} == expected
     again = read_committed(kafka_bootstrap, events, CHANGES)
     assert sorted(json.loads(v)["amount"] for _, v in again) == list(range(CHANGES))
+
+
+FORMS_BATCH = 10  # records per epoch; epoch k carries ids 0..9 with amounts 10k..10k+9
+
+
+def _forms_expected() -> list[tuple[int, int]]:
+    """The table after the five epochs of :func:`test_every_form_of_spark_delta_write_decides_its_epoch`."""
+    rows = [(i, i) for i in range(FORMS_BATCH)]  # 0: overwrite
+    rows = [(i, 10 + i) for i, _ in rows]  # 1: MERGE, every id matched
+    rows += [(i, 20 + i) for i in range(FORMS_BATCH)]  # 2: append
+    rows = [(i, a + 1000 if i % 2 == 0 else a) for i, a in rows]  # 3: UPDATE the ids of even amounts
+    return sorted((i, a) for i, a in rows if i % 2 == 0)  # 4: DELETE the ids of odd amounts
+
+
+def test_every_form_of_spark_delta_write_decides_its_epoch(spark, kafka_bootstrap, new_topic, tmp_path):
+    """Each epoch's one Delta write in another form, on a table given by catalog name: overwrite by path, SQL
+    MERGE, append by name, SQL UPDATE, DeltaTable DELETE. Each commit carries its epoch's record; a replayed
+    DELETE is skipped by Delta; every event once."""
+    from confluent_kafka import Producer
+    from delta.tables import DeltaTable
+
+    import lastagent
+    from lastagent.foreach_batch import table_location
+
+    source, events = new_topic(partitions=1), new_topic(partitions=2, prefix="events")
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(5 * FORMS_BATCH):
+        producer.produce(source, value=json.dumps({"id": i % FORMS_BATCH, "amount": i}).encode())
+    assert producer.flush(30) == 0
+    name, link = f"forms_{uuid.uuid4().hex[:8]}", f"forms-{uuid.uuid4().hex[:8]}"
+    spark.sql(f"CREATE TABLE {name} (id BIGINT, amount BIGINT) USING delta "
+              "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+    path = table_location(spark, name)
+    assert path.startswith("/") and (Path(path) / "_delta_log").is_dir()
+    checkpoint = tmp_path / "ckpt"
+
+    def apply(batch, epoch_id):
+        session = batch.sparkSession
+        with lastagent.epoch(batch, epoch_id, link=link, table=name, **{"kafka.bootstrap.servers": kafka_bootstrap}) as e:
+            e.to_kafka(batch.selectExpr("CAST(id AS STRING) AS key", "to_json(struct(id, amount)) AS value"),
+                       topic=events)
+            even = ", ".join(str(r.id) for r in batch.where("amount % 2 = 0").collect()) or "NULL"
+            odd = ", ".join(str(r.id) for r in batch.where("amount % 2 = 1").collect()) or "NULL"
+            if epoch_id == 0:
+                batch.write.format("delta").mode("overwrite").save(path)
+            elif epoch_id == 1:
+                batch.createOrReplaceTempView("changes")
+                session.sql(f"MERGE INTO {name} t USING changes s ON t.id = s.id "
+                            "WHEN MATCHED THEN UPDATE SET amount = s.amount WHEN NOT MATCHED THEN INSERT *")
+            elif epoch_id == 2:
+                batch.write.format("delta").mode("append").saveAsTable(name)
+            elif epoch_id == 3:
+                session.sql(f"UPDATE {name} SET amount = amount + 1000 WHERE id IN ({even})")
+            else:
+                DeltaTable.forName(session, name).delete(f"id IN ({odd})")
+
+    def run():
+        (spark.readStream.format("lastagent-kafka").option("kafka.bootstrap.servers", kafka_bootstrap)
+         .option("subscribe", source).option("startingOffsets", "earliest")
+         .option("maxOffsetsPerTrigger", str(FORMS_BATCH)).load()
+         .selectExpr("CAST(get_json_object(CAST(value AS STRING), '$.id') AS BIGINT) AS id",
+                     "CAST(get_json_object(CAST(value AS STRING), '$.amount') AS BIGINT) AS amount")
+         .writeStream.foreachBatch(apply).option("checkpointLocation", str(checkpoint))
+         .trigger(availableNow=True).start().awaitTermination())
+
+    try:
+        run()
+        table = sorted((r.id, r.amount) for r in spark.table(name).collect())
+        assert table == _forms_expected()
+        history = spark.sql(f"DESCRIBE HISTORY {name}").select("version", "operation", "userMetadata").collect()
+        decided = sorted((json.loads(r.userMetadata)["lastagent"]["epoch"], r.operation) for r in history
+                         if r.userMetadata and json.loads(r.userMetadata)["lastagent"].get("branches"))
+        assert decided == [(0, "WRITE"), (1, "MERGE"), (2, "WRITE"), (3, "UPDATE"), (4, "DELETE")]
+        sent = read_committed(kafka_bootstrap, events, 5 * FORMS_BATCH)
+        assert sorted(json.loads(v)["amount"] for _, v in sent) == list(range(5 * FORMS_BATCH))
+
+        # The DELETE epoch replayed (a driver killed after its commit): Delta skips it, nothing is sent again.
+        for entry in ("4", ".4.crc"):
+            Path(checkpoint / "commits" / entry).unlink(missing_ok=True)
+        run()
+        after = spark.sql(f"DESCRIBE HISTORY {name}").select("operation").collect()
+        assert [r.operation for r in after[: len(after) - len(history)]] == ["WRITE"]  # the restart's claim only
+        assert sorted((r.id, r.amount) for r in spark.table(name).collect()) == _forms_expected()
+        again = read_committed(kafka_bootstrap, events, 5 * FORMS_BATCH)
+        assert sorted(json.loads(v)["amount"] for _, v in again) == list(range(5 * FORMS_BATCH))
+    finally:
+        spark.sql(f"DROP TABLE IF EXISTS {name}")
+
+
+def test_a_table_name_spark_does_not_know_is_refused_by_name(spark):
+    from lastagent.errors import OptionError
+    from lastagent.foreach_batch import table_location
+
+    assert table_location(spark, "delta.`/data/orders`") == "/data/orders"
+    assert table_location(spark, "s3a://bucket/orders") == "s3a://bucket/orders"
+    with pytest.raises(OptionError, match=r"option 'table': 'no_such_table_here' is not a path and Spark does not know it"):
+        table_location(spark, "no_such_table_here")
+    spark.range(1).write.format("parquet").mode("overwrite").saveAsTable("forms_parquet_table")
+    try:
+        with pytest.raises(OptionError, match=r"option 'table': 'forms_parquet_table' (is a 'parquet' table|is not a "
+                                              r"path and Spark does not know it as a table: .*Delta)"):
+            table_location(spark, "forms_parquet_table")
+    finally:
+        spark.sql("DROP TABLE IF EXISTS forms_parquet_table")
