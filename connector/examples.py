@@ -290,7 +290,7 @@ def merge_changes(spark: Any, bootstrap: str, source: str, events: str, table: s
 
     def apply(batch: Any, epoch_id: int) -> None:
         with lastagent.epoch(batch, epoch_id, link=link, table=table,
-                             **{**_kafka_options(), "kafka.bootstrap.servers": bootstrap}) as e:
+                             **{**_kafka_options(), **_storage_options(), "kafka.bootstrap.servers": bootstrap}) as e:
             e.to_kafka(batch.selectExpr("CAST(id AS STRING) AS key", "to_json(struct(id, amount)) AS value"),
                        topic=events)
             latest = batch.groupBy("id").agg({"amount": "max"}).withColumnRenamed("max(amount)", "amount")

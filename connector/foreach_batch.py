@@ -24,6 +24,7 @@ from lastagent.core import batch_epoch as be
 from lastagent.core import protocol, xid
 from lastagent.errors import DecidedBranchLostError, OptionError, StaleOwnerError
 from lastagent.kafka.config import KafkaConfig
+from lastagent.storage import StorageConfig, location
 
 log = logging.getLogger("lastagent.epoch")
 
@@ -113,9 +114,13 @@ class Epoch:
             raise OptionError("foreachBatch", "lastagent.epoch runs on classic Spark for now, not Spark Connect")
         self.table = table_location(batch.sparkSession, str(table))
         opts = {k.lower(): v for k, v in options.items()}
-        unknown = sorted(k for k in opts if not k.startswith("kafka."))
+        unknown = sorted(k for k in opts if not k.startswith(("kafka.", "storage.")))
         if unknown:
-            raise OptionError(unknown[0], "lastagent.epoch takes kafka.* client settings only")
+            raise OptionError(unknown[0], "lastagent.epoch takes kafka.* client settings and storage.* settings "
+                                          "(for a table on object storage) only")
+        self.storage = StorageConfig.parse(opts)
+        self._where = location(self.table, "table")
+        opts = {k: v for k, v in opts.items() if k.startswith("kafka.")}
         if not opts.get("kafka.bootstrap.servers", "").strip():
             raise OptionError("kafka.bootstrap.servers", "is required, e.g. **{'kafka.bootstrap.servers': 'host:9092'}")
         timeout = opts.pop("kafka.transaction.timeout.ms", "900000")
@@ -140,7 +145,7 @@ class Epoch:
     def _delta(self) -> Any:
         from deltalake import DeltaTable
 
-        return DeltaTable(self.table)
+        return DeltaTable(self._where.uri, storage_options=self.storage.delta_options(self._where))
 
     def _txns(self, dt: Any) -> dict[str, int]:
         out, g = {}, 0
@@ -363,6 +368,7 @@ def epoch(batch: Any, epoch_id: int, *, link: str, table: str, **options: str) -
         epoch_id: its batch id.
         link: the link's stable name (it names the transactional ids and the Delta app ids).
         table: the Delta table the block's write goes to: a path, ``delta.`path``` or a catalog name.
-        options: ``kafka.*`` client settings (``kafka.bootstrap.servers`` required).
+        options: ``kafka.*`` client settings (``kafka.bootstrap.servers`` required) and, for a table on object
+            storage, the ``storage.*`` settings the sinks take (Spark's own write uses Spark's settings).
     """
     return Epoch(batch, epoch_id, link, table, options)

@@ -72,6 +72,24 @@ def test_merge_and_events_once_and_a_replayed_epoch_sends_nothing_again(spark, k
     assert sorted(json.loads(v)["amount"] for _, v in again) == list(range(CHANGES))
 
 
+@pytest.mark.objectstore
+def test_a_table_on_object_storage(spark, s3, kafka_bootstrap, new_topic, tmp_path, monkeypatch):
+    """The same pipeline on an s3a:// table: Spark writes it with its own settings, the block reads it with the
+    storage.* settings the sinks take (the example driver's LASTAGENT_STORAGE_CONFIG file)."""
+    source, events = new_topic(partitions=2), new_topic(partitions=2, prefix="events")
+    _produce(kafka_bootstrap, source)
+    table, link = f"s3a://{s3.bucket()}/orders", f"cdc-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("LASTAGENT_STORAGE_CONFIG", str(s3.properties(tmp_path / "storage.properties")))
+    spark.sql(f"CREATE TABLE delta.`{table}` (id BIGINT, amount BIGINT) USING delta")
+    _query(spark, kafka_bootstrap, source, events, table, tmp_path / "ckpt", link).awaitTermination()
+    expected = {i: max(j for j in range(CHANGES) if j % KEYS == i) for i in range(KEYS)}
+    assert {r.id: r.amount for r in spark.read.format("delta").load(table).collect()} == expected
+    sent = read_committed(kafka_bootstrap, events, CHANGES)
+    assert sorted(json.loads(v)["amount"] for _, v in sent) == list(range(CHANGES))
+    merges = [r for r in spark.sql(f"DESCRIBE HISTORY delta.`{table}`").collect() if r.operation == "MERGE"]
+    assert len(merges) == 3 and all(json.loads(r.userMetadata)["lastagent"]["branches"] for r in merges)
+
+
 FORMS_BATCH = 10  # records per epoch; epoch k carries ids 0..9 with amounts 10k..10k+9
 
 
