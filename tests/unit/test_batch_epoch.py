@@ -82,9 +82,12 @@ def test_the_block_refuses_what_it_does_not_implement_by_name():
     from lastagent.errors import OptionError
 
     batch = SimpleNamespace(sparkSession=SimpleNamespace(sparkContext=None))  # options are checked before Spark
-    with pytest.raises(OptionError, match="option 'table'.*catalog name"):
-        lastagent.epoch(batch, 0, link="orders", table="main.sales.orders", **{"kafka.bootstrap.servers": "h:9092"})
-    with pytest.raises(OptionError, match="option 'topic'.*kafka.\\* client settings only"):
+    with pytest.raises(OptionError, match="option 'table'.*ftp"):
+        lastagent.epoch(batch, 0, link="orders", table="ftp://host/orders", **{"kafka.bootstrap.servers": "h:9092"})
+    with pytest.raises(OptionError, match="option 'storage.aws_conditional_put'"):
+        lastagent.epoch(batch, 0, link="orders", table="s3a://b/orders",
+                        **{"kafka.bootstrap.servers": "h:1", "storage.aws_conditional_put": "none"})
+    with pytest.raises(OptionError, match="option 'topic'.*kafka.\\* client settings and storage.\\* settings"):
         lastagent.epoch(batch, 0, link="orders", table="/data/orders", topic="x", **{"kafka.bootstrap.servers": "h:1"})
     with pytest.raises(OptionError, match="option 'kafka.bootstrap.servers'"):
         lastagent.epoch(batch, 0, link="orders", table="/data/orders")
