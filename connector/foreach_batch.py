@@ -327,8 +327,8 @@ class Epoch:
         from lastagent.kafka.xa import KafkaXAResource
 
         assert self.entry is not None
-        faults.point("after_arbitration")  # the body's Delta write (the decision) is behind us
         try:
+            faults.point("after_arbitration")  # the body's Delta write (the decision) is behind us
             prepared = {protocol.Branch.of(h): h for h in self.prepared}
             decided_here = False
             with KafkaXAResource(self.client) as xa:

@@ -70,3 +70,24 @@ def test_reliable_groups_notebook_drops_a_producers_retries(spark, kafka_bootstr
     again = run(notebook, spark, widgets)
     assert "this run: 0 delivered, 12 duplicates dropped, 1 refused, 0 groups terminated" in again, again
     assert spark.read.format("delta").load(table).count() == 9
+
+
+def test_merge_cdc_notebook_survives_a_driver_lost_after_a_merge(spark, kafka_bootstrap, tmp_path):
+    """Debezium-style changes MERGEd with events out; run 1 dies right after epoch 1's MERGE (events prepared,
+    invisible), run 2 finishes it from the record: the table is the last change per order, each event once."""
+    notebook = next(p for p in NOTEBOOKS if p.stem == "merge_cdc_with_events")
+    topic = f"nb-{uuid.uuid4().hex[:8]}"
+    out = run(notebook, spark, {"bootstrap": kafka_bootstrap, "base": str(tmp_path), "topic": topic,
+                                "die_after_merge_of_epoch": "1"})
+    assert f"sent 43 changes to {topic}" in out
+    assert "run 1 stopped: the driver was lost" in out, out
+    between = next(line for line in out.splitlines() if line.startswith("after run 1:"))
+    seen = int(between.split("sees ")[1].split()[0])
+    assert 0 < seen < 39, between  # epoch 0's events only: epoch 1's are prepared, not committed
+    assert "the table matches the last change per order: True (9 orders)" in out, out
+    assert "events: 39 read, 39 distinct changes of 39, sent twice: 0, missing: 0" in out, out
+    rows = spark.read.format("delta").load(f"{tmp_path}/tables/{topic}").collect()
+    assert sorted(r.id for r in rows) == [i for i in range(12) if i % 4] and len({r.sk for r in rows}) == 9
+    assert {r.status for r in rows} == {"shipped"}
+    events = read_committed(kafka_bootstrap, f"{topic}-events", 39)
+    assert len(events) == 39 and len(set(events)) == 39
