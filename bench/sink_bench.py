@@ -23,7 +23,7 @@ from confluent_kafka import Producer
 from kafka.admin import KafkaAdminClient
 
 from lastagent.core.committer import Committer
-from lastagent.kafka.xa import BranchWriter
+from lastagent.kafka.branch import BranchWriter
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 from lastagent.spark_session import local_session
 

@@ -29,7 +29,8 @@ from common import BOOTSTRAP, new_topic
 from confluent_kafka import Producer
 from kafka.admin import KafkaAdminClient
 
-from lastagent.kafka.xa import BranchWriter, KafkaXAResource
+from lastagent.kafka.branch import BranchWriter
+from lastagent.kafka.xa import KafkaXAResource
 
 ROWS = int(os.environ.get("BENCH_PHASE_ROWS", "1000000"))
 BATCH = 10_000  # rows per Arrow batch, as Spark hands them to the sink by default

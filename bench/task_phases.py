@@ -31,8 +31,9 @@ from confluent_kafka import Producer
 from kafka.admin import KafkaAdminClient
 
 from lastagent._native import BranchProducer
+from lastagent.kafka.branch import BranchHandle, describe_open, producer_config
 from lastagent.kafka.config import KafkaConfig, as_librdkafka_strings
-from lastagent.kafka.xa import BranchHandle, KafkaXAResource, describe_open, producer_config
+from lastagent.kafka.xa import KafkaXAResource
 
 TASKS = int(os.environ.get("BENCH_TASKS", "40"))
 ROWS = int(os.environ.get("BENCH_TASK_ROWS", "200"))

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # a type only: this module imports nothing of lastagent at run time
-    from lastagent.kafka.xa import RefusedRecord
+    from lastagent.kafka.branch import RefusedRecord
 
 
 class LastAgentError(Exception):

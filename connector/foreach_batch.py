@@ -49,7 +49,7 @@ def _write_branch(client: KafkaConfig, link: str, generation: int, call: int, ti
     import pyarrow as pa
     from pyspark import TaskContext
 
-    from lastagent.kafka.xa import BranchWriter
+    from lastagent.kafka.branch import BranchWriter
     from lastagent.sinks.kafka_rows import records
 
     ctx = TaskContext.get()
@@ -225,7 +225,8 @@ class Epoch:
         raise StaleOwnerError(f"link {self.link!r}: run {run} lost 8 claims in a row to other runs")
 
     def _carry_out(self, xa: Any, commits: list[Any], rollbacks: list[Any], handles: Mapping[Any, Any]) -> None:
-        from lastagent.kafka.xa import BranchHandle, EndOutcome
+        from lastagent.kafka.branch import BranchHandle
+        from lastagent.kafka.xa import EndOutcome
 
         def handle(b: protocol.Branch) -> Any:
             return handles.get(b) or BranchHandle(b.transactional_id, b.producer_id, b.producer_epoch, 1)
@@ -302,7 +303,7 @@ class Epoch:
         """Writes ``df`` (``value``, optional ``key``, ``topic``, ``partition``, ``headers``, as Spark's kafka sink
         takes them) into prepared branches of this epoch; visible to read_committed consumers once the block's
         Delta commit has decided the epoch. Call it before the Delta write. Driver (the job's tasks: executors)."""
-        from lastagent.kafka.xa import BranchHandle
+        from lastagent.kafka.branch import BranchHandle
         from lastagent.sinks.kafka_rows import check_schema
 
         assert self.entry is not None, "to_kafka is called inside the with block"

@@ -35,7 +35,7 @@ from lastagent import faults
 from lastagent.core import protocol
 from lastagent.core.figures import EpochFigures
 from lastagent.groups.refusals import split_refused, strip_refusal_columns
-from lastagent.kafka.xa import BranchHandle
+from lastagent.kafka.branch import BranchHandle
 from lastagent.sinks import dead_letters, transformer
 from lastagent.sinks.delta_commit import StagedEpoch, TargetTableStore, schema_diff, schema_error
 from lastagent.sinks.delta_features import TableRules

@@ -30,7 +30,7 @@ from pyspark.sql.types import StructType
 from lastagent import faults
 from lastagent.core import protocol
 from lastagent.core.figures import EpochFigures
-from lastagent.kafka.xa import BranchHandle, BranchWriter
+from lastagent.kafka.branch import BranchHandle, BranchWriter
 from lastagent.sinks.epoch_timings import keep_timings, previous_timings
 from lastagent.sinks.kafka_rows import check_schema, records, simple_columns
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions

@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from lastagent.errors import DeadLetterError, RecordTooLarge, TransactionFailed
-from lastagent.kafka.xa import BranchHandle, BranchWriter
+from lastagent.kafka.branch import BranchHandle, BranchWriter
 from lastagent.sinks import dead_letters
 from lastagent.sinks.delta_files import FileWriter
 from lastagent.sinks.delta_sink_options import DeltaSinkOptions

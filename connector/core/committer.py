@@ -23,7 +23,8 @@ from lastagent.core.checkpoint import CheckpointReader, SparkCheckpoint
 from lastagent.core.figures import EpochFigures, EpochTimings, oldest_age_ms
 from lastagent.core.protocol import Branch, CommitBranch, RollbackBranch, WriteDecision
 from lastagent.errors import ArbitrationError, DecidedBranchLostError, EpochNotDecidedError, LastAgentError, LinkMismatchError, OptionError
-from lastagent.kafka.xa import BranchHandle, EndOutcome, EndResult, KafkaXAResource, XAResource
+from lastagent.kafka.branch import BranchHandle
+from lastagent.kafka.xa import EndOutcome, EndResult, KafkaXAResource, XAResource
 
 log = logging.getLogger("lastagent.core.committer")
 

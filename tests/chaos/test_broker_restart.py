@@ -16,7 +16,8 @@ from lastagent import faults
 from lastagent.core.arbitration import InMemoryArbitrationStore
 from lastagent.core.committer import Committer
 from lastagent.errors import KafkaUnavailableError
-from lastagent.kafka.xa import BranchWriter, KafkaXAResource
+from lastagent.kafka.branch import BranchWriter
+from lastagent.kafka.xa import KafkaXAResource
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 
 pytestmark = pytest.mark.chaos

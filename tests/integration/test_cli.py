@@ -11,7 +11,7 @@ import pytest
 from support import read_committed
 
 from lastagent.core.arbitration import ArbitrationRecord, DeltaArbitrationStore
-from lastagent.kafka.xa import BranchWriter
+from lastagent.kafka.branch import BranchWriter
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ from support import read_committed
 from lastagent.core.arbitration import ArbitrationRecord
 from lastagent.core.committer import Committer
 from lastagent.errors import DecidedBranchLostError
-from lastagent.kafka.xa import BranchWriter
+from lastagent.kafka.branch import BranchWriter
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 
 pytestmark = pytest.mark.integration

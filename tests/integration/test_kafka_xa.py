@@ -14,14 +14,15 @@ from support import read_committed
 
 from lastagent import redact
 from lastagent.errors import BranchError, TransactionFailed
-from lastagent.kafka.xa import BranchHandle, BranchWriter, EndOutcome, KafkaXAResource
+from lastagent.kafka.branch import BranchHandle, BranchWriter
+from lastagent.kafka.xa import EndOutcome, KafkaXAResource
 
 pytestmark = pytest.mark.integration
 
 # A task: prepares a branch, prints its handle (the commit message), then waits to be killed.
 _TASK = r"""
 import sys, time
-from lastagent.kafka.xa import BranchWriter
+from lastagent.kafka.branch import BranchWriter
 bs, topic, tid, n, timeout_ms = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 w = BranchWriter({"bootstrap.servers": bs}, tid, timeout_ms)
 for i in range(n):
@@ -227,7 +228,7 @@ def test_released_producer_leaves_its_prepared_branch_open_and_abort_local_ends_
     driver (librdkafka's destroy sends no EndTxn), while a task that fails before prepare aborts
     its own branch. A client upgrade that changes either behaviour fails here, not in a
     production epoch."""
-    from lastagent.kafka.xa import describe_open
+    from lastagent.kafka.branch import describe_open
 
     topic = new_topic()
     config = {"bootstrap.servers": kafka_bootstrap}

@@ -22,9 +22,10 @@ from confluent_kafka import Producer
 from support import grant_all, link_acls, read_committed
 
 from lastagent.errors import TokenError
+from lastagent.kafka.branch import BranchWriter
 from lastagent.kafka.config import KafkaConfig
 from lastagent.kafka.oauth import claims
-from lastagent.kafka.xa import BranchWriter, KafkaXAResource
+from lastagent.kafka.xa import KafkaXAResource
 from lastagent.sources.kafka_offsets import OffsetReader
 from lastagent.sources.kafka_source_options import KafkaSourceOptions
 

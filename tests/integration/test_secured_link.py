@@ -27,7 +27,8 @@ from confluent_kafka import Producer
 from support import grant_all, link_acls
 
 from lastagent.errors import BranchError, KafkaProtocolError, OptionError
-from lastagent.kafka.xa import BranchWriter, KafkaXAResource
+from lastagent.kafka.branch import BranchWriter
+from lastagent.kafka.xa import KafkaXAResource
 
 pytestmark = pytest.mark.integration
 

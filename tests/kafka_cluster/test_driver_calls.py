@@ -17,7 +17,8 @@ from support import in_sync, read_committed
 from lastagent import faults
 from lastagent.core.arbitration import InMemoryArbitrationStore
 from lastagent.core.committer import Committer
-from lastagent.kafka.xa import BranchWriter, EndOutcome, KafkaXAResource
+from lastagent.kafka.branch import BranchWriter
+from lastagent.kafka.xa import EndOutcome, KafkaXAResource
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 
 pytestmark = pytest.mark.kafka_cluster

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lastagent.kafka.xa import BranchHandle, KafkaXAResource
+from lastagent.kafka.branch import BranchHandle
+from lastagent.kafka.xa import KafkaXAResource
 
 pytestmark = pytest.mark.unit
 

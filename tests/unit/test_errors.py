@@ -40,3 +40,15 @@ def test_a_module_imports_on_its_own_in_a_fresh_interpreter(name):
     done = subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True, text=True, timeout=60,
                           check=False)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("name", ["lastagent.sinks.kafka_sink", "lastagent.sinks.delta_sink",
+                                  "lastagent.sinks.task_outputs", "lastagent.kafka.branch"])
+def test_what_executors_import_leaves_the_drivers_transaction_client_out(name):
+    """A task unpickles the sinks' writers from these modules: the branch writer, never the driver's EndTxn and
+    listing client (lastagent.kafka.xa) or the committer."""
+    code = (f"import sys, {name}; print(sorted(m for m in ('lastagent.kafka.xa', 'lastagent.core.committer') "
+            "if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", f"{name} imports {done.stdout.strip()}"

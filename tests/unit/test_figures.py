@@ -25,7 +25,8 @@ from lastagent.core.figures import (
     oldest_age_ms,
     run_figures,
 )
-from lastagent.kafka.xa import BranchHandle, EndOutcome, EndResult, OpenTransaction
+from lastagent.kafka.branch import BranchHandle
+from lastagent.kafka.xa import EndOutcome, EndResult, OpenTransaction
 from lastagent.sinks.epoch_timings import keep_timings, previous_timings
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 

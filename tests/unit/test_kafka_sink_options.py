@@ -26,7 +26,7 @@ def test_parse_defaults_and_passthrough():
 
 def test_branch_producer_defaults_give_way_to_the_users_settings():
     """Keys partitioned as the Java producer does; a bounded queue, in bytes and in records."""
-    from lastagent.kafka.xa import producer_config
+    from lastagent.kafka.branch import producer_config
 
     ours = producer_config(KafkaSinkOptions.parse(BASE).client_config, "t-1", 60_000)
     assert (ours["partitioner"], ours["queue.buffering.max.kbytes"], ours["queue.buffering.max.messages"]) == (

@@ -43,7 +43,8 @@ from lastagent.core.arbitration import ArbitrationRecord, Decision, Ownership, n
 from lastagent.core.committer import Committer
 from lastagent.core.protocol import Branch, CommitBranch, FinishEpoch, FollowDecision, RollbackBranch, WriteDecision
 from lastagent.errors import DecidedBranchLostError, EpochNotDecidedError, StaleOwnerError
-from lastagent.kafka.xa import BranchHandle, EndOutcome, EndResult, OpenTransaction
+from lastagent.kafka.branch import BranchHandle
+from lastagent.kafka.xa import EndOutcome, EndResult, OpenTransaction
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 from lastagent.sinks.query_run import Started, shipped, task_generation
 

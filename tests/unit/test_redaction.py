@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from lastagent import redact
-from lastagent.kafka.xa import RefusedRecord
+from lastagent.kafka.branch import RefusedRecord
 from lastagent.sinks import dead_letters, transformer
 from lastagent.sinks.task_outputs import side_record
 
