@@ -5,7 +5,8 @@ claim, entering and leaving) are :mod:`lastagent.core.batch_epoch`'s; this modul
 delta-rs (reading the table's ``txn`` versions and history only: every commit is Spark's) and the Kafka
 branch writer. Design: ``dev/designs/foreach-batch-epoch.md``.
 
-Experimental (issue 45): classic Spark only; a table by path or by catalog name.
+Experimental (issue 45): classic Spark and Spark Connect (the block runs on the Connect server, in the query's
+foreachBatch process); a table by path or by catalog name.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ _CALL_STRIDE = 1_000_000
 
 _lock = threading.Lock()
 _generations: dict[tuple[str, str, str], int] = {}  # (table, link, run id) -> the generation the run won
-_busy_sessions: set[int] = set()
+_busy_sessions: set[tuple[str, Any]] = set()
+#: The run id on a Spark Connect server: this process runs one query run's foreachBatch function (see _run_id).
+_CONNECT_RUN = f"connect-{uuid.uuid4()}"
 
 
 def _write_branch(client: KafkaConfig, link: str, generation: int, call: int, timeout_ms: int,
@@ -103,6 +106,13 @@ def _is_connect(session: Any) -> bool:
     return type(session).__module__.startswith("pyspark.sql.connect")
 
 
+def _session_key(session: Any) -> tuple[str, Any]:
+    """What tells one Spark session from another: the JVM session's identity, or a Connect session's id."""
+    if _is_connect(session):
+        return ("connect", session.session_id)
+    return ("classic", session._jsparkSession.hashCode())
+
+
 class Epoch:
     """The block; see :func:`epoch`."""
 
@@ -110,8 +120,6 @@ class Epoch:
         self.batch = batch
         self.epoch = int(epoch_id)
         self.link = xid.check_link(link)
-        if not hasattr(batch.sparkSession, "sparkContext") or _is_connect(batch.sparkSession):
-            raise OptionError("foreachBatch", "lastagent.epoch runs on classic Spark for now, not Spark Connect")
         self.table = table_location(batch.sparkSession, str(table))
         opts = {k.lower(): v for k, v in options.items()}
         unknown = sorted(k for k in opts if not k.startswith(("kafka.", "storage.")))
@@ -167,6 +175,11 @@ class Epoch:
     # -- the claim ---------------------------------------------------------------------------------
 
     def _run_id(self) -> str:
+        if _is_connect(self.batch.sparkSession):
+            # A Connect server runs a query's foreachBatch function in a Python process of its own, started
+            # when the query starts and attached to the client's session; no run id reaches it, so the
+            # process's own stands for the run.
+            return _CONNECT_RUN
         run = self.batch.sparkSession.sparkContext.getLocalProperty(_RUN_ID_PROPERTY)
         if not run:
             raise OptionError("foreachBatch", "lastagent.epoch runs inside a streaming query's foreachBatch "
@@ -262,25 +275,29 @@ class Epoch:
         return self
 
     def _sessions(self) -> list[Any]:
+        """The sessions the block's Delta write may run in. Classic: the batch's (a per-query clone) and the
+        driver's own. Connect: the batch's, which is the client's own session on the server."""
         from pyspark.sql import SparkSession
 
+        if _is_connect(self.batch.sparkSession):
+            return [self.batch.sparkSession]
         out, seen = [], set()
         for s in (self.batch.sparkSession, SparkSession.getActiveSession(), SparkSession.builder.getOrCreate()):
-            if s is not None and s._jsparkSession.hashCode() not in seen:
-                seen.add(s._jsparkSession.hashCode())
+            if s is not None and _session_key(s) not in seen:
+                seen.add(_session_key(s))
                 out.append(s)
         return out
 
     def _set_confs(self, app: str, epoch: int, metadata: str) -> None:
         sessions = self._sessions()
         with _lock:
-            busy = [s for s in sessions if s._jsparkSession.hashCode() in _busy_sessions]
+            busy = [s for s in sessions if _session_key(s) in _busy_sessions]
             if busy and not self._saved:
                 raise OptionError("foreachBatch", "another lastagent.epoch block runs on the same Spark session; "
                                                   "Delta's idempotent-write settings are per session: run one "
                                                   "block at a time per session")
             if not self._saved:
-                _busy_sessions.update(s._jsparkSession.hashCode() for s in sessions)
+                _busy_sessions.update(_session_key(s) for s in sessions)
                 self._saved = [(s, {k: s.conf.get(k, None) for k in (_TXN_APP, _TXN_VERSION, _USER_METADATA)})
                                for s in sessions]
         for s in sessions:
@@ -296,7 +313,7 @@ class Epoch:
                         s.conf.unset(k)
                     else:
                         s.conf.set(k, v)
-                _busy_sessions.discard(s._jsparkSession.hashCode())
+                _busy_sessions.discard(_session_key(s))
             self._saved = []
 
     def to_kafka(self, df: Any, topic: str | None = None) -> None:
