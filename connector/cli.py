@@ -40,6 +40,7 @@ from lastagent.errors import ArbitrationError, LastAgentError
 
 def _committer(args: argparse.Namespace) -> Any:
     """The link's committer: arbitration in its own table (Kafka sink) or in the target table (Delta sink)."""
+    from lastagent.batch_store import BatchEpochTable, is_batch_link
     from lastagent.core.committer import Committer
     from lastagent.kafka.xa import KafkaXAResource
     from lastagent.sinks.delta_commit import TargetTableStore
@@ -59,9 +60,10 @@ def _committer(args: argparse.Namespace) -> Any:
     if args.arbitration_table:
         return Committer(KafkaSinkOptions.parse({**raw, "arbitrationTable": args.arbitration_table}))
     options = DeltaSinkOptions.parse({**raw, "path": args.table})
+    batch = BatchEpochTable(args.table, options.storage)
     # Side outputs are the query's options, not the command's: always look for open branches.
-    return Committer(options, store=TargetTableStore(args.table, storage=options.storage),
-                     xa=KafkaXAResource(options.client_config))
+    store = batch if is_batch_link(batch.table(), args.link) else TargetTableStore(args.table, storage=options.storage)
+    return Committer(options, store=store, xa=KafkaXAResource(options.client_config))
 
 
 def read_properties(path: str) -> dict[str, str]:
@@ -288,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=text)
         p.add_argument("--link", required=True, help="the link name (the 'link' option of the query)")
         p.add_argument("--arbitration-table", help="the 'arbitrationTable' option of a lastagent-kafka query")
-        p.add_argument("--table", help="the target table of a lastagent-delta query (its commits are the arbitration)")
+        p.add_argument("--table", help="the target table of a lastagent-delta query, or the table of a lastagent.epoch "
+                                       "block (its commits are the arbitration)")
         p.add_argument("--bootstrap-servers", required=True, help="kafka.bootstrap.servers")
         p.add_argument("--kafka", action="append", metavar="KEY=VALUE", help="extra kafka.* client setting")
         p.add_argument("--storage", action="append", metavar="KEY=VALUE",

@@ -21,11 +21,12 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from lastagent import faults
+from lastagent.batch_store import BatchEpochTable
 from lastagent.core import batch_epoch as be
 from lastagent.core import protocol, xid
 from lastagent.errors import DecidedBranchLostError, OptionError, StaleOwnerError
 from lastagent.kafka.config import KafkaConfig
-from lastagent.storage import StorageConfig, location
+from lastagent.storage import StorageConfig
 
 log = logging.getLogger("lastagent.epoch")
 
@@ -34,8 +35,6 @@ _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 _RUN_ID_PROPERTY = "spark.jobGroup.id"  # MicroBatchExecution's job group: the run id
 
-#: How many of the table's newest commits are searched for records and claims.
-HISTORY_DEPTH = 200
 #: Task outputs of one ``to_kafka`` call are numbered apart from the next call's in the transactional ids.
 _CALL_STRIDE = 1_000_000
 
@@ -127,7 +126,7 @@ class Epoch:
             raise OptionError(unknown[0], "lastagent.epoch takes kafka.* client settings and storage.* settings "
                                           "(for a table on object storage) only")
         self.storage = StorageConfig.parse(opts)
-        self._where = location(self.table, "table")
+        self._store = BatchEpochTable(self.table, self.storage)
         opts = {k: v for k, v in opts.items() if k.startswith("kafka.")}
         if not opts.get("kafka.bootstrap.servers", "").strip():
             raise OptionError("kafka.bootstrap.servers", "is required, e.g. **{'kafka.bootstrap.servers': 'host:9092'}")
@@ -151,19 +150,13 @@ class Epoch:
     # -- reading the table -----------------------------------------------------------------------
 
     def _delta(self) -> Any:
-        from deltalake import DeltaTable
-
-        return DeltaTable(self._where.uri, storage_options=self.storage.delta_options(self._where))
+        return self._store.require()
 
     def _txns(self, dt: Any) -> dict[str, int]:
-        out, g = {}, 0
-        while (version := dt.transaction_version(be.app_id(self.link, g))) is not None:
-            out[be.app_id(self.link, g)] = int(version)
-            g += 1
-        return out
+        return BatchEpochTable.txns(dt, self.link)
 
     def _history(self, dt: Any) -> list[str | None]:
-        return [c.get("userMetadata") for c in dt.history(HISTORY_DEPTH)]
+        return [c.get("userMetadata") for c in BatchEpochTable.history(dt)]
 
     def _record(self, history: list[str | None]) -> be.BatchRecord | None:
         for m in history:

@@ -10,6 +10,8 @@ consumer), each epoch has one MERGE commit, and no transaction of the link is op
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import signal
 import uuid
@@ -35,6 +37,17 @@ SCHEDULE = ["after_prepare:2", "after_arbitration:1", "in_recovery:1", "between_
 SHORT_SCHEDULE = ["after_prepare:2", "after_arbitration:1", "between_branch_commits:1"]
 
 
+def _status(bootstrap: str, table: str, link: str) -> tuple[int, dict]:
+    """``lastagent status --json`` of the link, as an operator runs it: (exit code, document)."""
+    from lastagent.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["status", "--link", link, "--table", table, "--bootstrap-servers", bootstrap, "--json"])
+    assert code in (0, 1), out.getvalue()
+    return code, json.loads(out.getvalue())
+
+
 def test_killed_at_every_point_in_turn_and_restarted_is_exactly_once(spark, kafka_bootstrap, new_topic, tmp_path):
     from confluent_kafka import Producer
 
@@ -54,8 +67,21 @@ def test_killed_at_every_point_in_turn_and_restarted_is_exactly_once(spark, kafk
         fired = Path(f"{state}.fired")
         assert code == -signal.SIGKILL and fired.read_text() == point.split(":")[0], (
             f"run {n} was to be killed at {point}, exit {code}; see {state}.log")
+        # What `lastagent status` tells the operator of the killed run: the open branches and what recovery does.
+        code, status = _status(kafka_bootstrap, table, link)
+        decisions = {b["decision"] for b in status["in_doubt"]}
+        if point.startswith("after_prepare"):  # prepared, never decided: rolled back by the next run
+            assert code == 1 and decisions == {"rollback"}, status
+        elif point.startswith("after_arbitration"):  # the MERGE decided them: committed by the next run
+            assert code == 1 and decisions == {"commit"}, status
+            assert {b["epoch"] for b in status["in_doubt"]} == {status["latest_decided_epoch"]}, status
+        elif point.startswith("between_branch_commits"):
+            assert code == 1 and "commit" in decisions, status
     state = tmp_path / "run-last"
     assert support.run_driver("merge-driver", args, None, state) == 0, f"see {state}.log"
+    code, status = _status(kafka_bootstrap, table, link)
+    assert code == 0 and not status["in_doubt"] and not status["hazards"], status
+    assert status["decided_epochs"] == CHANGES // int(PER_TRIGGER), status
 
     expected = {i: max(j for j in range(CHANGES) if j % KEYS == i) for i in range(KEYS)}
     rows = spark.read.format("delta").load(table).collect()

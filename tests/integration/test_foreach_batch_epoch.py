@@ -71,6 +71,14 @@ def test_merge_and_events_once_and_a_replayed_epoch_sends_nothing_again(spark, k
     again = read_committed(kafka_bootstrap, events, CHANGES)
     assert sorted(json.loads(v)["amount"] for _, v in again) == list(range(CHANGES))
 
+    # lastagent status reads the link from the table's own commits: three decided epochs, two runs, nothing open.
+    from lastagent.cli import link_status
+
+    status = link_status(link, kafka_bootstrap, table=table)
+    assert (status["decided_epochs"], status["latest_decided_epoch"], status["generation"]) == (3, 2, 2), status
+    assert status["in_doubt"] == [] and status["hazards"] == [] and status["run"], status
+    assert [e["epoch"] for e in status["epochs"]] == [2, 1, 0], status["epochs"]
+
 
 @pytest.mark.objectstore
 def test_a_table_on_object_storage(spark, s3, kafka_bootstrap, new_topic, tmp_path, monkeypatch):

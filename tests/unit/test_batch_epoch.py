@@ -7,6 +7,7 @@ import pytest
 from lastagent.core import batch_epoch as be
 from lastagent.core.protocol import Branch
 from lastagent.errors import ArbitrationError
+from lastagent.kafka.branch import BranchHandle
 
 pytestmark = pytest.mark.unit
 
@@ -94,3 +95,47 @@ def test_the_block_refuses_what_it_does_not_implement_by_name():
     with pytest.raises(OptionError, match="option 'kafka.transaction.timeout.ms'.*positive number"):
         lastagent.epoch(batch, 0, link="orders", table="/data/orders",
                         **{"kafka.bootstrap.servers": "h:1", "kafka.transaction.timeout.ms": "15min"})
+
+
+class _Table:
+    """A delta-rs table as the batch store reads it: ``txn`` versions and the history, newest first."""
+
+    def __init__(self, txns: dict[str, int], metadata: list[str | None]) -> None:
+        self.txns, self.metadata = txns, metadata
+
+    def transaction_version(self, app: str) -> int | None:
+        return self.txns.get(app)
+
+    def history(self, limit: int | None = None) -> list[dict]:
+        rows = [{"userMetadata": m, "timestamp": 1000 + i} for i, m in enumerate(reversed(self.metadata))][::-1]
+        return rows if limit is None else rows[:limit]
+
+
+def _store(table: _Table):
+    from lastagent.batch_store import BatchEpochTable
+
+    store = BatchEpochTable("/data/orders")
+    store.table = lambda: table  # type: ignore[method-assign]
+    return store
+
+
+def test_the_batch_store_reads_records_generations_and_runs_from_the_table():
+    from lastagent.batch_store import is_batch_link
+    from lastagent.errors import LastAgentError
+
+    claim0, claim1 = be.Claim("orders", 0, "run-a", "n1"), be.Claim("orders", 1, "run-b", "n2")
+    r0, r1 = be.BatchRecord("orders", 0, 1, (B1,)), be.BatchRecord("orders", 1, 2, ())
+    newest_first = [r1.to_metadata(), claim1.to_metadata(), r0.to_metadata(), "someone's note", claim0.to_metadata()]
+    table = _Table({be.app_id("orders", 0): be.FENCED, be.app_id("orders", 1): be.FENCED,
+                    be.app_id("orders", 2): 1}, newest_first)
+    store = _store(table)
+    records = store.records("orders")
+    assert [(r.epoch, r.confirmed_through) for r in records] == [(0, 0), (1, 0)]  # all but the newest confirmed
+    assert [BranchHandle.from_json(b).transactional_id for b in records[0].branches] == [B1.transactional_id]
+    assert store.latest_epoch("orders") == 1 and store.get("orders", 0) == records[0]
+    owner = store.ownership("orders")
+    assert owner is not None and (owner.generation, owner.run) == (2, "run-b")
+    assert is_batch_link(table, "orders") and not is_batch_link(table, "other") and not is_batch_link(None, "orders")
+    assert store.records("other") == [] and store.ownership("other") is None
+    with pytest.raises(LastAgentError, match="Stop the query and start it again"):
+        store.claim("orders", "", takeover=True)
