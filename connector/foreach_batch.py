@@ -15,6 +15,7 @@ import functools
 import logging
 import re
 import threading
+import time
 import urllib.parse
 import uuid
 from collections.abc import Iterator, Mapping
@@ -24,7 +25,7 @@ from lastagent import faults
 from lastagent.batch_store import BatchEpochTable
 from lastagent.core import batch_epoch as be
 from lastagent.core import protocol, xid
-from lastagent.errors import DecidedBranchLostError, OptionError, StaleOwnerError
+from lastagent.errors import DecidedBranchLostError, EpochNotDecidedError, OptionError, StaleOwnerError
 from lastagent.kafka.config import KafkaConfig
 from lastagent.storage import StorageConfig
 
@@ -139,6 +140,8 @@ class Epoch:
         self.generation = -1
         self.entry: be.Entry | None = None
         self.prepared: list[Any] = []  # BranchHandle
+        self._xa_client: Any = None  # KafkaXAResource, made on first use and closed on leaving
+        self._failed: EpochNotDecidedError | None = None  # a to_kafka call's branches could not be decided
         self._calls = 0
         self._saved: list[tuple[Any, dict[str, str | None]]] = []
 
@@ -196,9 +199,20 @@ class Epoch:
          .option("txnVersion", str(version)).option("userMetadata", metadata).save(self.table))
 
     def _claim(self, run: str) -> int:
-        """Wins the next generation for ``run`` (a claim commit through Spark), then recovers the link."""
+        """Wins the next generation for ``run`` (a claim commit through Spark), then recovers the link.
+
+        First the sinks' start checks: the broker serves the transaction protocol lastagent needs, and
+        ``kafka.transaction.timeout.ms`` is within its ``transaction.max.timeout.ms``.
+        """
         from lastagent.kafka.xa import KafkaXAResource
 
+        with KafkaXAResource(self.client) as xa:
+            xa.transaction_protocol()  # refuses a broker that cannot serve us
+            broker_max = xa.broker_max_timeout_ms()
+        if self.timeout_ms > broker_max:
+            raise OptionError("kafka.transaction.timeout.ms", f"{self.timeout_ms} exceeds the broker's "
+                                                              f"transaction.max.timeout.ms ({broker_max}); lower the "
+                                                              "option or raise the broker setting")
         for attempt in range(1, 9):
             commit, mine = be.claim(self.link, run, f"{run}-{uuid.uuid4().hex[:8]}", self._txns(self._delta()))
             try:
@@ -328,39 +342,78 @@ class Epoch:
         write = functools.partial(_write_branch, self.client, self.link, self.generation, self._calls,
                                   self.timeout_ms, topic)
         handles = [BranchHandle.from_json(r.handle) for r in df.mapInArrow(write, "handle string").collect()]
-        self.prepared += [h for h in handles if not h.read_only]
+        live = [h for h in handles if not h.read_only]
+        self.prepared += live
+        self._require_time_left(live)
         faults.point("after_prepare")
         branches = tuple(protocol.Branch.of(h) for h in self.prepared)
         self._set_confs(self.entry.app, self.epoch, be.BatchRecord(self.link, self.epoch, self.generation,
                                                                    branches).to_metadata())
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    def _xa(self) -> Any:
         from lastagent.kafka.xa import KafkaXAResource
 
+        if self._xa_client is None:
+            self._xa_client = KafkaXAResource(self.client)
+        return self._xa_client
+
+    def _require_time_left(self, handles: list[Any]) -> None:
+        """The sinks' rule before a decision: every branch still open with enough of its timeout left. Driver.
+
+        The block's decision is the body's Delta write, after this; a branch that expires before that write
+        commits is the expired-decided hazard (:class:`DecidedBranchLostError` at phase 2), so a call whose
+        branches are already near their timeout (slow tasks) is refused here: the block fails, and leaving
+        it rolls every branch back.
+        """
+        if not handles:
+            return
+        xa = self._xa()
+        wanted = {protocol.Branch.of(h) for h in handles}
+        open_now = [t for t in xa.recover(xid.id_prefix(self.link)) if protocol.Branch.of(t) in wanted]
+        listed = {protocol.Branch.of(t) for t in open_now}
+        # A listing can miss a transaction whose coordinator is moving; its own coordinator cannot.
+        open_now += [t for t in xa.open_among(h for h in handles if protocol.Branch.of(h) not in listed)
+                     if protocol.Branch.of(t) in wanted]
+        times = {protocol.Branch.of(t): (t.started_ms, t.timeout_ms) for t in open_now}
+        now = int(time.time() * 1000)
+        unsafe = protocol.unsafe_branches([protocol.Branch.of(h) for h in handles], times, now,
+                                          protocol.decision_margin_ms(self.timeout_ms))
+        if unsafe:
+            started = [s for s, _ in times.values()]
+            self._failed = EpochNotDecidedError(protocol.not_decided_reason(
+                self.link, self.epoch, unsafe, now - min(started) if started else None, self.timeout_ms))
+            raise self._failed
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         assert self.entry is not None
         try:
             faults.point("after_arbitration")  # the body's Delta write (the decision) is behind us
             prepared = {protocol.Branch.of(h): h for h in self.prepared}
             decided_here = False
-            with KafkaXAResource(self.client) as xa:
-                while True:
-                    mine = [t for t in xa.recover(xid.id_prefix(self.link))
-                            if (xid.parse_transactional_id(self.link, t.transactional_id) or (self.generation + 1,))[0]
-                            <= self.generation]
-                    handles = {**{protocol.Branch.of(t): t.handle() for t in mine}, **prepared}
-                    out = be.leave(self.link, self.entry, self.generation, list(prepared), list(handles),
-                                   self._record(self._history(self._delta())), exc is not None, decided_here)
-                    if isinstance(out, be.DecideByEmptyCommit):
-                        self._empty_append_with_confs()
-                        decided_here = True
-                        continue
-                    break
-                self._carry_out(xa, [protocol.CommitBranch(b, self.epoch) for b in out.commit],
-                                [protocol.RollbackBranch(b) for b in out.roll_back], handles)
+            xa = self._xa()  # the block's one client, closed below
+            while True:
+                mine = [t for t in xa.recover(xid.id_prefix(self.link))
+                        if (xid.parse_transactional_id(self.link, t.transactional_id) or (self.generation + 1,))[0]
+                        <= self.generation]
+                handles = {**{protocol.Branch.of(t): t.handle() for t in mine}, **prepared}
+                out = be.leave(self.link, self.entry, self.generation, list(prepared), list(handles),
+                               self._record(self._history(self._delta())), exc is not None, decided_here)
+                if isinstance(out, be.DecideByEmptyCommit):
+                    self._empty_append_with_confs()
+                    decided_here = True
+                    continue
+                break
+            self._carry_out(xa, [protocol.CommitBranch(b, self.epoch) for b in out.commit],
+                            [protocol.RollbackBranch(b) for b in out.roll_back], handles)
         finally:
             self._restore_confs()
+            if self._xa_client is not None:
+                self._xa_client.close()
+                self._xa_client = None
         if out.fail is not None and exc is None:
             raise StaleOwnerError(out.fail)
+        if self._failed is not None and exc is None:  # the body caught the refusal and went on: say it again
+            raise self._failed
 
     def _empty_append_with_confs(self) -> None:
         # The session confs set at entry (and by to_kafka) carry txn(app, epoch) and the record.

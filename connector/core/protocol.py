@@ -163,7 +163,7 @@ def commit_epoch(epoch: int, prepared: Sequence[Branch], open_now: Mapping[Branc
     if unsafe:
         started = [open_now[b][0] for b in keep if b in open_now]
         running_ms = now_ms - min(started) if started else None
-        first = FollowDecision(epoch, _refusal(link, epoch, unsafe, running_ms, timeout_ms), next(iter(unsafe)))
+        first = FollowDecision(epoch, not_decided_reason(link, epoch, unsafe, running_ms, timeout_ms), next(iter(unsafe)))
     else:
         first = WriteDecision(epoch, keep, epoch - 1)
     kept = set(keep)
@@ -224,7 +224,8 @@ def decision_margin_ms(timeout_ms: int) -> int:
     return min(timeout_ms // 4, MAX_DECISION_MARGIN_MS)
 
 
-def _refusal(link: str, epoch: int, unsafe: Mapping[Branch, str], running_ms: int | None, timeout_ms: int) -> str:
+def not_decided_reason(link: str, epoch: int, unsafe: Mapping[Branch, str], running_ms: int | None,
+                       timeout_ms: int) -> str:
     """Why an epoch was not decided, and what to do (:class:`FollowDecision`'s reason)."""
     why = "; ".join(f"branch {b.transactional_id} {reason}" for b, reason in unsafe.items())
     ran = f"; the epoch's oldest open branch has been open {running_ms / 1000:.1f} s" if running_ms else ""

@@ -200,3 +200,79 @@ def test_a_table_name_spark_does_not_know_is_refused_by_name(spark):
             table_location(spark, "forms_parquet_table")
     finally:
         spark.sql("DROP TABLE IF EXISTS forms_parquet_table")
+
+
+def _slow_cdc_query(spark, bootstrap, source, events, table, checkpoint, link, timeout_ms, sleep_s):
+    """The CDC pipeline whose to_kafka task of partition 1 starts ``sleep_s`` late (a slow task): partition 0's
+    branch, written at once, waits open on the broker for the whole job."""
+    import time
+
+    import lastagent
+
+    def slow(batches):
+        from pyspark import TaskContext
+
+        if sleep_s and TaskContext.get().partitionId() == 1:
+            time.sleep(sleep_s)
+        yield from batches
+
+    def apply(batch, epoch_id):
+        options = {"kafka.bootstrap.servers": bootstrap, "kafka.transaction.timeout.ms": str(timeout_ms)}
+        with lastagent.epoch(batch, epoch_id, link=link, table=table, **options) as e:
+            out = batch.selectExpr("CAST(id AS STRING) AS key", "to_json(struct(id, amount)) AS value")
+            e.to_kafka(out.mapInArrow(slow, out.schema), topic=events)
+            batch.groupBy("id").max("amount").withColumnRenamed("max(amount)", "amount") \
+                .write.format("delta").mode("append").save(table)
+
+    return (spark.readStream.format("lastagent-kafka").option("kafka.bootstrap.servers", bootstrap)
+            .option("subscribe", source).option("startingOffsets", "earliest").load()
+            .selectExpr("CAST(get_json_object(CAST(value AS STRING), '$.id') AS BIGINT) AS id",
+                        "CAST(get_json_object(CAST(value AS STRING), '$.amount') AS BIGINT) AS amount")
+            .writeStream.foreachBatch(apply).option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True).start())
+
+
+def test_branches_near_their_timeout_are_refused_before_the_delta_write(spark, kafka_bootstrap, new_topic, tmp_path):
+    """A slow to_kafka task keeps the job waiting until the other task's branch has less than the decision margin
+    (a quarter of a 20 s timeout) left: the block refuses before the Delta write, as the sinks refuse to decide;
+    nothing is written or left open. The restarted query, fast again, writes every event once."""
+    from pyspark.errors import StreamingQueryException
+
+    from lastagent.kafka.xa import KafkaXAResource
+
+    source, events = new_topic(partitions=2), new_topic(partitions=2, prefix="events")
+    _produce(kafka_bootstrap, source)
+    table, checkpoint, link = str(tmp_path / "orders"), tmp_path / "ckpt", f"slow-{uuid.uuid4().hex[:8]}"
+    spark.sql(f"CREATE TABLE delta.`{table}` (id BIGINT, amount BIGINT) USING delta")
+    query = _slow_cdc_query(spark, kafka_bootstrap, source, events, table, checkpoint, link, 20_000, 16)
+    with pytest.raises(StreamingQueryException) as failed:
+        query.awaitTermination()
+    text = str(failed.value)
+    assert "was not decided" in text and "s left of its 20 s transaction timeout" in text, text[:3000]
+    assert spark.read.format("delta").load(table).count() == 0
+    assert read_committed(kafka_bootstrap, events, 1, timeout_s=5) == []
+    with KafkaXAResource({"bootstrap.servers": kafka_bootstrap}) as xa:
+        assert xa.recover(f"lastagent-{link}-") == []
+
+    _slow_cdc_query(spark, kafka_bootstrap, source, events, table, checkpoint, link, 20_000, 0).awaitTermination()
+    sent = read_committed(kafka_bootstrap, events, CHANGES)
+    assert sorted(json.loads(v)["amount"] for _, v in sent) == list(range(CHANGES))
+    assert spark.read.format("delta").load(table).count() == KEYS
+
+
+def test_a_transaction_timeout_above_the_brokers_limit_is_refused_by_name(spark, kafka_bootstrap, new_topic,
+                                                                          tmp_path):
+    from pyspark.errors import StreamingQueryException
+
+    source, events = new_topic(partitions=1), new_topic(partitions=1, prefix="events")
+    _produce(kafka_bootstrap, source)
+    table = str(tmp_path / "orders")
+    spark.sql(f"CREATE TABLE delta.`{table}` (id BIGINT, amount BIGINT) USING delta")
+    query = _slow_cdc_query(spark, kafka_bootstrap, source, events, table, tmp_path / "ckpt",
+                            f"limit-{uuid.uuid4().hex[:8]}", 7_200_000, 0)
+    with pytest.raises(StreamingQueryException) as failed:
+        query.awaitTermination()
+    assert ("option 'kafka.transaction.timeout.ms': 7200000 exceeds the broker's transaction.max.timeout.ms"
+            in str(failed.value)), str(failed.value)[:3000]
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{table}`").collect()
+    assert [r.operation for r in history] == ["CREATE TABLE"]  # no claim was made
