@@ -39,16 +39,17 @@ BASE = dbutils.widgets.get("base")  # noqa: F821
 TOPIC = dbutils.widgets.get("topic")  # noqa: F821
 SEND = dbutils.widgets.get("send_examples").lower() == "true"  # noqa: F821
 DIE_AT = int(dbutils.widgets.get("die_after_merge_of_epoch"))  # noqa: F821
-EVENTS, LINK = f"{TOPIC}-events", f"{TOPIC}-merge"
+EVENTS, DEAD_LETTERS, LINK = f"{TOPIC}-events", f"{TOPIC}-dead-letters", f"{TOPIC}-merge"
 TABLE, CHECKPOINT = f"{BASE}/tables/{TOPIC}", f"{BASE}/checkpoints/{TOPIC}-merge"
 KAFKA = {"kafka.bootstrap.servers": BOOTSTRAP}
 
 # COMMAND ----------
 
 # MAGIC %md
-# MAGIC The change topic and the events topic (on a shared cluster your administrators create them), and,
-# MAGIC with `send_examples`, 60 changes to 12 orders: each created, paid and shipped, a quarter of them
-# MAGIC deleted, and 4 changes sent twice (a connector that restarts sends again what it was not sure of).
+# MAGIC The change topic, the events topic and a dead-letter topic (on a shared cluster your administrators create
+# MAGIC them), and, with `send_examples`, 43 changes to 12 orders: each created, paid and shipped, a quarter of them
+# MAGIC deleted, 4 changes sent twice (a connector that restarts sends again what it was not sure of), and one
+# MAGIC record that is no change at all.
 
 # COMMAND ----------
 
@@ -58,7 +59,7 @@ from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
-missing = [t for t in (TOPIC, EVENTS) if t not in admin.list_topics(timeout=30).topics]
+missing = [t for t in (TOPIC, EVENTS, DEAD_LETTERS) if t not in admin.list_topics(timeout=30).topics]
 if missing:
     for topic, created in admin.create_topics([NewTopic(t, 2, 1) for t in missing]).items():
         created.result(30)
@@ -86,8 +87,9 @@ if SEND:
     sent = example_changes()
     for order, change in sent:
         producer.produce(TOPIC, key=str(order).encode(), value=json.dumps(change).encode())
+    producer.produce(TOPIC, key=b"?", value=b"order 5 shipped?")  # a poison record: no change record
     producer.flush(30)
-    print(f"sent {len(sent)} changes to {TOPIC}")
+    print(f"sent {len(sent)} changes and 1 poison record to {TOPIC}")
 
 # COMMAND ----------
 
@@ -108,7 +110,9 @@ spark.sql(f"CREATE TABLE IF NOT EXISTS delta.`{TABLE}` (sk BIGINT GENERATED ALWA
 # MAGIC The batch body. The only lastagent line is the `with`: the events go to Kafka with `e.to_kafka` before
 # MAGIC the `MERGE`, and the `MERGE` is the block's one Delta write. Duplicates and out-of-order changes are
 # MAGIC the `MERGE`'s business as always: the newest change per order in the batch, applied only when newer
-# MAGIC than the row's; an event goes out for each change newer than the row.
+# MAGIC than the row's; an event goes out for each change newer than the row. A record that is no change goes
+# MAGIC to the dead-letter topic with its reason in a header: a second `e.to_kafka`, so it is decided with the
+# MAGIC epoch too (never dropped, never sent twice).
 
 # COMMAND ----------
 
@@ -118,9 +122,14 @@ from pyspark.sql.window import Window  # noqa: E402
 
 
 def apply(batch, epoch_id):
-    changes = batch.dropDuplicates(["id", "ts_ms"])
+    valid = "id IS NOT NULL AND op IN ('c', 'u', 'd') AND ts_ms IS NOT NULL"
+    poison = batch.where(f"NOT coalesce({valid}, false)")
+    changes = batch.where(valid).dropDuplicates(["id", "ts_ms"])
     table = DeltaTable.forPath(batch.sparkSession, TABLE)
     with lastagent.epoch(batch, epoch_id, link=LINK, table=TABLE, **KAFKA) as e:
+        e.to_kafka(poison.selectExpr("key", "raw AS value", "array(named_struct('key', 'lastagent.dlq.reason', "
+                                     "'value', CAST('not a change record' AS BINARY))) AS headers"),
+                   topic=DEAD_LETTERS)
         current = table.toDF().select("id", F.col("ts_ms").alias("row_ts"))
         applied = changes.join(current, "id", "left").where("row_ts IS NULL OR ts_ms > row_ts")
         e.to_kafka(applied.selectExpr("CAST(id AS STRING) AS key",
@@ -140,9 +149,10 @@ def start():
     return (spark.readStream.format("lastagent-kafka").options(**KAFKA)  # noqa: F821
             .option("subscribe", TOPIC).option("startingOffsets", "earliest")
             .option("maxOffsetsPerTrigger", "16").load()
-            .select(F.from_json(F.col("value").cast("string"), change).alias("c"))
-            .selectExpr("coalesce(c.after.id, c.before.id) AS id", "c.op AS op", "c.after.status AS status",
-                        "c.ts_ms AS ts_ms")
+            .select("key", F.col("value").cast("string").alias("raw"),
+                    F.from_json(F.col("value").cast("string"), change).alias("c"))
+            .selectExpr("key", "raw", "coalesce(c.after.id, c.before.id) AS id", "c.op AS op",
+                        "c.after.status AS status", "c.ts_ms AS ts_ms")
             .writeStream.foreachBatch(apply).option("checkpointLocation", CHECKPOINT)
             .trigger(availableNow=True).start())
 
@@ -192,7 +202,9 @@ finally:
 
 # MAGIC %md
 # MAGIC Between the runs: the table already has the epoch's `MERGE`, but a `read_committed` consumer (every
-# MAGIC downstream service) does not see its events yet: they are in prepared transactions.
+# MAGIC downstream service) does not see its events yet: they are in prepared transactions. `lastagent status`
+# MAGIC (here from a cell) lists them and what recovery does with each: the `MERGE`'s record names them, so
+# MAGIC they will be committed.
 
 # COMMAND ----------
 
@@ -201,28 +213,39 @@ import uuid  # noqa: E402
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition  # noqa: E402
 
 
-def committed_events():
-    """Every event a read_committed consumer reads from the events topic (it reads until 3 s pass quietly)."""
+def committed(topic):
+    """Every record a read_committed consumer (any service downstream) reads from topic, until 3 s pass quietly."""
     import time
 
     consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": f"nb-{uuid.uuid4().hex}",
                          "isolation.level": "read_committed", "enable.auto.commit": False})
-    partitions = admin.list_topics(EVENTS, timeout=30).topics[EVENTS].partitions
-    consumer.assign([TopicPartition(EVENTS, p, OFFSET_BEGINNING) for p in partitions])
+    partitions = admin.list_topics(topic, timeout=30).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
     out, quiet_until = [], time.monotonic() + 3
     while time.monotonic() < quiet_until:
         for message in consumer.consume(500, 0.5):
             if message.error() is None:
-                out.append(json.loads(message.value()))
+                out.append(message)
                 quiet_until = time.monotonic() + 3
     consumer.close()
     return out
+
+
+def committed_events():
+    return [json.loads(m.value()) for m in committed(EVENTS)]
 
 
 if DeltaTable.isDeltaTable(spark, TABLE):  # noqa: F821
     rows = spark.read.format("delta").load(TABLE).count()  # noqa: F821
     print(f"after run 1: the table holds {rows} orders; a read_committed consumer sees {len(committed_events())} "
           "events")
+if len(merged) > 1:  # run 1 began an epoch
+    from lastagent.cli import link_status
+
+    doc = link_status(LINK, BOOTSTRAP, table=TABLE)
+    decisions = sorted({b["decision"] for b in doc["in_doubt"]})
+    print(f"lastagent status: {len(doc['in_doubt'])} branch(es) in doubt, of epoch(s) "
+          f"{sorted({b['epoch'] for b in doc['in_doubt']})}; recovery will {' or '.join(decisions) or 'do nothing'}")
 
 # COMMAND ----------
 
@@ -259,7 +282,10 @@ def all_changes():
     while len(done) < len(partitions):
         for message in consumer.consume(500, 1.0):
             if message.error() is None:
-                out.append(json.loads(message.value()))
+                try:
+                    out.append(json.loads(message.value()))
+                except ValueError:
+                    pass  # the poison record: in the dead-letter topic
                 if message.offset() + 1 >= ends[message.partition()]:
                     done.add(message.partition())
     consumer.close()
@@ -277,6 +303,10 @@ if DeltaTable.isDeltaTable(spark, TABLE) and changes:  # noqa: F821
     print(f"the table matches the last change per order: {table == expected} ({len(table)} orders)")
     print(f"events: {sum(events.values())} read, {len(events)} distinct changes of {len(changes)}, "
           f"sent twice: {sum(1 for n in events.values() if n > 1)}, missing: {len(set(changes) - set(events))}")
+    dead = [(m.value(), dict(m.headers() or [])) for m in committed(DEAD_LETTERS)]
+    print(f"dead letters: {len(dead)}: " + "; ".join(f"{v.decode(errors='replace')!r} "
+                                                      f"({h.get('lastagent.dlq.reason', b'').decode()})"
+                                                      for v, h in dead))
     display(spark.sql(f"DESCRIBE HISTORY delta.`{TABLE}`")  # noqa: F821
             .selectExpr("version", "operation", "userMetadata").orderBy("version"))
 else:

@@ -79,13 +79,15 @@ def test_merge_cdc_notebook_survives_a_driver_lost_after_a_merge(spark, kafka_bo
     topic = f"nb-{uuid.uuid4().hex[:8]}"
     out = run(notebook, spark, {"bootstrap": kafka_bootstrap, "base": str(tmp_path), "topic": topic,
                                 "die_after_merge_of_epoch": "1"})
-    assert f"sent 43 changes to {topic}" in out
+    assert f"sent 43 changes and 1 poison record to {topic}" in out
     assert "run 1 stopped: the driver was lost" in out, out
     between = next(line for line in out.splitlines() if line.startswith("after run 1:"))
     seen = int(between.split("sees ")[1].split()[0])
     assert 0 < seen < 39, between  # epoch 0's events only: epoch 1's are prepared, not committed
+    assert "branch(es) in doubt, of epoch(s) [1]; recovery will commit" in out, out
     assert "the table matches the last change per order: True (9 orders)" in out, out
     assert "events: 39 read, 39 distinct changes of 39, sent twice: 0, missing: 0" in out, out
+    assert "dead letters: 1: 'order 5 shipped?' (not a change record)" in out, out
     rows = spark.read.format("delta").load(f"{tmp_path}/tables/{topic}").collect()
     assert sorted(r.id for r in rows) == [i for i in range(12) if i % 4] and len({r.sk for r in rows}) == 9
     assert {r.status for r in rows} == {"shipped"}
