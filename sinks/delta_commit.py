@@ -51,6 +51,9 @@ from lastagent.storage import Location, StorageConfig, location
 
 log = logging.getLogger("lastagent.delta")
 
+#: Spark's default ``delta.checkpointInterval`` (delta-rs counts 100 where a table does not set it).
+SPARK_CHECKPOINT_INTERVAL = 10
+
 #: Commits read back from the table's history in the first look for a link's record; the look
 #: widens (doubling) until the record or the table's first retained commit is reached.
 HISTORY_FIRST_LOOK = 100
@@ -298,6 +301,24 @@ class TargetTableStore:
             f.write(body)
         fs_.move(f"{path}.tmp", path)  # whole or not at all: a torn record must not read as "through -1"
 
+    def _checkpoint_as_spark(self, table: Any, version: int) -> None:
+        """A checkpoint at ``version`` when Spark's writer would make one there. Driver, after a decision.
+
+        delta-rs's post-commit hook makes a checkpoint every ``delta.checkpointInterval`` versions where the table
+        sets it, but every 100 where it does not; Spark's default is 10 (``DeltaConfigs.CHECKPOINT_INTERVAL``), so
+        on such a table Spark's readers of a streaming table would replay ten times more JSON than Spark's own
+        writer leaves them. A checkpoint that fails is logged: the decision stands, only readers are slower.
+        """
+        if "delta.checkpointInterval" in table.metadata().configuration or version % SPARK_CHECKPOINT_INTERVAL:
+            return
+        try:
+            table.update_incremental()
+            if table.version() == version:  # another writer's newer commit would get its own
+                table.create_checkpoint()
+        except Exception as exc:  # delta-rs raises plain errors; the epoch is decided either way
+            log.warning("Delta table %s: checkpoint at version %d failed (readers replay the JSON log until the "
+                        "next one): %s", self.path, version, exc)
+
     def decide(self, record: ArbitrationRecord, generation: int, staged: StagedEpoch | None = None) -> Decision:
         """Commits the epoch's files, txn and record in one Delta commit, unless already decided.
 
@@ -362,11 +383,14 @@ class TargetTableStore:
                 else:
                     rules = self._same_rules(table, staged)
                     schema = self._fit(table, staged)
+                    version = table.version() + 1  # max_commit_retries=0: this version or none
                     table.create_write_transaction(adds, "append", schema,
                                                    partition_by=table.metadata().partition_columns or None,
                                                    commit_properties=props,
                                                    post_commithook_properties=PostCommitHookProperties(
                                                        create_checkpoint=rules.checkpoint))
+                    if rules.checkpoint:
+                        self._checkpoint_as_spark(table, version)
                 return Decision(record, won=True)
             except lost_races():
                 raise

@@ -230,3 +230,33 @@ def test_two_first_runs_before_the_table_exists_do_not_share_a_generation(tmp_pa
     assert store.decide(_rec(0, "new"), new.generation, StagedEpoch((), SCHEMA, ())).won
     assert store.table() is not None and store.ownership("orders") == new  # recorded in the new table
     assert store.claim("orders", "query-a", run="run-3").generation == 3  # generations go on
+
+
+def test_decisions_leave_a_checkpoint_where_sparks_writer_would(tmp_path, spark):
+    """Where the table does not set delta.checkpointInterval, Spark's writer checkpoints every 10 versions (delta-rs:
+    every 100); the decisions do as Spark does. A table that sets the interval gets delta-rs's checkpoints by it."""
+    from pathlib import Path
+
+    from deltalake import DeltaTable
+
+    def checkpoints(path: str) -> list[int]:
+        return sorted(int(p.name.split(".")[0]) for p in Path(path, "_delta_log").glob("*.checkpoint.parquet"))
+
+    store = _target(str(tmp_path))
+    generation = store.claim("orders", "q").generation
+    for epoch in range(25):
+        assert store.decide(_rec(epoch, "b"), generation).won
+    latest = DeltaTable(store.path).version()
+    assert latest >= 20 and checkpoints(store.path) == [v for v in range(1, latest + 1) if v % 10 == 0]
+    # Spark's reader starts from the newest checkpoint (version 20): it reads the table through it.
+    assert spark.sql(f"DESCRIBE DETAIL delta.`{store.path}`").collect()[0].format == "delta"
+    assert spark.read.format("delta").load(store.path).count() == 0
+
+    other = _target(str(tmp_path / "five"))
+    generation = other.claim("orders", "q").generation
+    assert other.decide(_rec(0, "b"), generation).won
+    DeltaTable(other.path).alter.set_table_properties({"delta.checkpointInterval": "5"})
+    for epoch in range(1, 12):
+        assert other.decide(_rec(epoch, "b"), generation).won
+    made = checkpoints(other.path)  # delta-rs's hook: every fifth version (it counts from version + 1: 4, 9, 14)
+    assert len(made) >= 2 and {b - a for a, b in zip(made, made[1:])} == {5}, made
