@@ -15,9 +15,13 @@ PHASE is one of:
   ``minOffsetsPerTrigger`` / ``maxTriggerDelay`` on a processing-time trigger; prints what each did.
 - ``connect``: a Spark Connect client of the server at CONNECT_URL (this virtualenv's Spark, started by the test):
   Kafka -> ``lastagent-kafka`` -> ``lastagent-kafka`` (CONNECT_OUT_TOPIC) and -> ``lastagent-delta``, AvailableNow.
+- ``epoch``: ``lastagent.epoch`` in foreachBatch, with this minor's Delta (DELTA_JARS: ``delta-spark_<minor>_2.13``
+  and what it needs, resolved by the test): every record of TOPIC as an event to EPOCH_TOPIC and an SQL MERGE into
+  a Delta table made by SQL, one AvailableNow run. Prints ``epoch <json>`` (batches, the table's path) and ``done``.
 
 Settings come from the environment (BOOTSTRAP, TOPIC, SIDE_TOPIC, OUT_TOPIC, ROWS, CAP, LATE_TOPIC, CONNECT_URL,
-CONNECT_OUT_TOPIC). Standard library, pyspark and lastagent only: this runs where the repository is not.
+CONNECT_OUT_TOPIC, EPOCH_TOPIC, DELTA_JARS). Standard library, pyspark and lastagent only: this runs where
+the repository is not.
 """
 
 from __future__ import annotations
@@ -40,11 +44,15 @@ def session() -> SparkSession:
     if PHASE == "connect":
         return SparkSession.builder.remote(ENV["CONNECT_URL"]).getOrCreate()
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    return (SparkSession.builder.master("local[2]").appName(f"spark-versions-{PHASE}")
-            .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-            .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-            .config("spark.sql.shuffle.partitions", "2").config("spark.databricks.delta.snapshotPartitions", "2")
-            .getOrCreate())
+    builder = (SparkSession.builder.master("local[2]").appName(f"spark-versions-{PHASE}")
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+               .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.sql.shuffle.partitions", "2").config("spark.databricks.delta.snapshotPartitions", "2"))
+    if PHASE == "epoch":  # Spark's own Delta writer is the block's last agent: this minor's build of Delta
+        builder = (builder.config("spark.jars", ENV["DELTA_JARS"])
+                   .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+                   .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
+    return builder.getOrCreate()
 
 
 def source(spark: SparkSession, topic: str, **options: str):
@@ -155,6 +163,29 @@ def connect(spark: SparkSession) -> None:
         .trigger(availableNow=True).start(f"{WORK}/table-connect"), "delta")
 
 
+def epoch(spark: SparkSession) -> None:
+    """Every record of TOPIC once as an event and once in a Delta table, decided together by lastagent.epoch."""
+    import lastagent
+
+    table, events, link = f"{WORK}/table-epoch", ENV["EPOCH_TOPIC"], "versions-epoch"
+    spark.sql(f"CREATE TABLE delta.`{table}` (v STRING, n BIGINT) USING delta")
+
+    def apply(batch, epoch_id: int) -> None:
+        with lastagent.epoch(batch, epoch_id, link=link, table=table, **{"kafka.bootstrap.servers": BOOT}) as e:
+            e.to_kafka(batch.selectExpr("v AS value"), topic=events)
+            batch.createOrReplaceTempView("epoch_rows")
+            batch.sparkSession.sql(f"MERGE INTO delta.`{table}` t USING epoch_rows s ON t.v = s.v "
+                                   "WHEN MATCHED THEN UPDATE SET n = t.n + 1 WHEN NOT MATCHED THEN INSERT (v, n) VALUES (s.v, 1)")
+
+    query = (source(spark, ENV["TOPIC"]).selectExpr("CAST(value AS STRING) AS v").writeStream.foreachBatch(apply)
+             .option("checkpointLocation", f"{WORK}/ckpt-epoch").trigger(availableNow=True).start())
+    query.awaitTermination(DEADLINE_S)
+    assert not query.isActive and query.exception() is None, query.exception()
+    print("epoch", json.dumps({"batches": len([p for p in query.recentProgress if p["numInputRows"]]),
+                               "table": table}), flush=True)
+    print("done", flush=True)
+
+
 def main() -> None:
     import pyspark
 
@@ -167,6 +198,8 @@ def main() -> None:
         admission(spark)
     elif PHASE == "connect":
         connect(spark)
+    elif PHASE == "epoch":
+        epoch(spark)
     else:
         from lastagent import worker_env
 

@@ -13,7 +13,10 @@ the test broker:
    where Spark passes a read limit; one batch before, where Spark asks a Python source once per run), and
    ``minOffsetsPerTrigger`` holds new records back until ``maxTriggerDelay`` has passed;
 3. Spark Connect: a Connect server of that Spark (its own ``spark-submit``, the virtualenv's Python) and a Connect
-   client in the virtualenv run the source into both sinks; read back as in 1.
+   client in the virtualenv run the source into both sinks; read back as in 1;
+4. ``lastagent.epoch`` in foreachBatch with that minor's Delta (``delta-spark_<minor>_2.13`` from Maven Central;
+   4.0 to 4.2: no Delta release builds for 4.3 yet): every record once as an event (read_committed) and once in
+   the table an SQL MERGE wrote, each MERGE carrying its record.
 
 A few minutes per minor with pip's cache warm (the first run downloads each pyspark, about 430 MB).
 """
@@ -46,6 +49,11 @@ _ONLY = os.environ.get("LASTAGENT_SPARK_VERSIONS", "").split()
 if unknown := set(_ONLY) - set(SPARKS):
     raise ValueError(f"LASTAGENT_SPARK_VERSIONS: {sorted(unknown)} not among {SPARKS}")
 ROWS, CAP, LATE = 600, 50, 5
+#: Delta for the lastagent.epoch phase: one release builds for every Spark 4 minor (delta-spark_<minor>_2.13), the
+#: one dev/spark/pom.xml resolves for the development pyspark.
+DELTA_VERSION = "4.4.0"
+#: The minors Delta 4.4.0 builds for (Maven Central has no delta-spark_4.3_2.13: Spark 4.3 has no Delta yet).
+DELTA_MINORS = ("4.0", "4.1", "4.2")
 
 
 def _user_python(tmp_path: Path, pyspark: str, env: dict[str, str]) -> str:
@@ -206,4 +214,24 @@ def test_every_format_on_this_spark_every_record_once_across_a_driver_kill(tmp_p
     assert sorted(v.decode() for _, v in read_committed(kafka_bootstrap, connect_out, ROWS)) == expected
     connected = DeltaTable(str(work / "table-connect")).to_pyarrow_table().column("v").to_pylist()
     assert sorted(connected) == expected
+
+    # 4. lastagent.epoch with this minor's Delta (Spark's own Delta writer is its last agent).
+    minor = ".".join(pyspark.split(".")[:2])
+    if minor not in DELTA_MINORS:
+        return  # no Delta release builds for this minor yet: nothing to be the block's last agent
+    import spark_jars
+
+    pyspark_jars = next((tmp_path / f"pyspark-{pyspark}").glob("lib/python*/site-packages/pyspark/jars"))
+    delta_jars = spark_jars.resolve_delta_for(pyspark_jars, minor, DELTA_VERSION)
+    epoch_out = new_topic()
+    fifth = Driver(python, "epoch", work, {**env, "EPOCH_TOPIC": epoch_out,
+                                           "DELTA_JARS": ",".join(str(j) for j in delta_jars)})
+    fifth.finish(timeout_s=600)
+    ran = next(json.loads(line.split(" ", 1)[1]) for line in fifth.lines if line.startswith("epoch "))
+    assert ran["batches"] >= 1, ran
+    merged = DeltaTable(ran["table"]).to_pyarrow_table().to_pylist()
+    assert sorted(r["v"] for r in merged) == expected and {r["n"] for r in merged} == {1}, merged[:5]
+    assert sorted(v.decode() for _, v in read_committed(kafka_bootstrap, epoch_out, ROWS)) == expected
+    records = [c for c in DeltaTable(ran["table"]).history() if c.get("operation") == "MERGE"]
+    assert len(records) == ran["batches"] and all('"branches"' in c.get("userMetadata", "") for c in records)
 
