@@ -412,7 +412,9 @@ class Epoch:
                 self._xa_client = None
         if out.fail is not None and exc is None:
             raise StaleOwnerError(out.fail)
-        if self._failed is not None and exc is None:  # the body caught the refusal and went on: say it again
+        # The body caught the refusal and went on: its Delta write may have decided without that call's events
+        # (rolled back above); the query must not carry on as if nothing happened.
+        if self._failed is not None and exc is None:
             raise self._failed
 
     def _empty_append_with_confs(self) -> None:
