@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from lastagent import delta_kernel
 from lastagent.core.arbitration import (
     ArbitrationError,
     ArbitrationRecord,
@@ -47,6 +48,7 @@ from lastagent.core.figures import EpochFigures
 from lastagent.errors import SchemaMismatchError, TableChangedError, UnsupportedTableFeatureError
 from lastagent.sinks import delta_files
 from lastagent.sinks.delta_features import TableRules, require_plain, rules_of
+from lastagent.sinks.delta_files import kernel_add
 from lastagent.storage import Location, StorageConfig, location
 
 log = logging.getLogger("lastagent.delta")
@@ -301,17 +303,25 @@ class TargetTableStore:
             f.write(body)
         fs_.move(f"{path}.tmp", path)  # whole or not at all: a torn record must not read as "through -1"
 
-    def _checkpoint_as_spark(self, table: Any, version: int) -> None:
+    def _checkpoint_as_spark(self, table: Any, version: int, rules: TableRules) -> None:
         """A checkpoint at ``version`` when Spark's writer would make one there. Driver, after a decision.
 
-        delta-rs's post-commit hook makes a checkpoint every ``delta.checkpointInterval`` versions where the table
-        sets it, but every 100 where it does not; Spark's default is 10 (``DeltaConfigs.CHECKPOINT_INTERVAL``), so
-        on such a table Spark's readers of a streaming table would replay ten times more JSON than Spark's own
-        writer leaves them. A checkpoint that fails is logged: the decision stands, only readers are slower.
+        Spark's writer makes one every ``delta.checkpointInterval`` versions, 10 where the table does not set it
+        (``DeltaConfigs.CHECKPOINT_INTERVAL``). delta-rs's post-commit hook follows a set interval but counts 100
+        otherwise, so on such a table readers of a streaming table would replay ten times more JSON than Spark's
+        writer leaves them; a table whose commits go through Delta Kernel gets every checkpoint from here
+        (kernel writes V1 or V2 as the table's features say). A checkpoint that fails is logged: the decision
+        stands, only readers are slower.
         """
-        if "delta.checkpointInterval" in table.metadata().configuration or version % SPARK_CHECKPOINT_INTERVAL:
+        if not rules.checkpoint:
+            return
+        interval = table.metadata().configuration.get("delta.checkpointInterval")
+        if version % int(interval or SPARK_CHECKPOINT_INTERVAL) or (interval and not rules.kernel):
             return
         try:
+            if rules.kernel:
+                delta_kernel.checkpoint(table.table_uri, self.storage.delta_options(self._where), version)
+                return
             table.update_incremental()
             if table.version() == version:  # another writer's newer commit would get its own
                 table.create_checkpoint()
@@ -380,17 +390,21 @@ class TargetTableStore:
                                                   storage_options=self.storage.delta_options(self._where),
                                                   commit_properties=props)
                     self._record_first_run(record.link)
+                elif (rules := self._same_rules(table, staged)).kernel:
+                    self._fit(table, staged, rules)
+                    version = delta_kernel.commit_epoch(table.table_uri, self.storage.delta_options(self._where),
+                                                        table.version(), [kernel_add(a) for a in staged.adds],
+                                                        record.link, record.epoch, metadata, record.epoch)
+                    self._checkpoint_as_spark(table, version, rules)
                 else:
-                    rules = self._same_rules(table, staged)
-                    schema = self._fit(table, staged)
+                    schema = self._fit(table, staged, rules)
                     version = table.version() + 1  # max_commit_retries=0: this version or none
                     table.create_write_transaction(adds, "append", schema,
                                                    partition_by=table.metadata().partition_columns or None,
                                                    commit_properties=props,
                                                    post_commithook_properties=PostCommitHookProperties(
                                                        create_checkpoint=rules.checkpoint))
-                    if rules.checkpoint:
-                        self._checkpoint_as_spark(table, version)
+                    self._checkpoint_as_spark(table, version, rules)
                 return Decision(record, won=True)
             except lost_races():
                 raise
@@ -436,12 +450,21 @@ class TargetTableStore:
                 "committed. Restart the query: it checks the rows against the table as it is now")
         return rules
 
-    def _fit(self, table: Any, staged: StagedEpoch) -> Any:
-        """The schema to commit with; adds the rows' new columns first when merging."""
+    def _fit(self, table: Any, staged: StagedEpoch, rules: TableRules) -> Any:
+        """The schema to commit with; adds the rows' new columns first when merging.
+
+        Raises:
+            SchemaMismatchError: the rows do not fit, or would add columns to a table whose commits go through
+                Delta Kernel (mergeSchema there is not built yet: a new column is an ALTER TABLE first).
+        """
         current = table.schema()
         if staged.schema_json is None:
             return current
         problems, new = schema_diff(current.to_json(), staged.schema_json, self.merge_schema)
+        if not problems and new and rules.kernel:
+            problems = [f"column {f['name']!r} is not in the table, and mergeSchema does not add columns to a table "
+                        "with row tracking, clustering, in-commit timestamps or domain metadata; add it with ALTER "
+                        "TABLE ... ADD COLUMN first" for f in new]
         if problems:
             raise schema_error(self.path, problems)
         if not new:

@@ -61,22 +61,27 @@ FEATURES: tuple[Feature, ...] = (
     Feature("timestampNtz", True, True, "TIMESTAMP_NTZ columns are written as parquet timestamps not adjusted to UTC"),
     Feature("vacuumProtocolCheck", True, True, "concerns VACUUM only; appends are unaffected"),
     Feature("v2Checkpoint", True, True,
-            "appends are plain commits; delta-rs's post-commit checkpoint is turned off on such a table (its "
-            "classic checkpoint would not follow the V2 spec), so Spark's own writes and OPTIMIZE make the checkpoints"),
+            "appends are plain commits; on a table whose commits go through Delta Kernel the checkpoints are V2 "
+            "ones from kernel, elsewhere delta-rs's checkpoint is turned off on such a table (its classic checkpoint "
+            "would not follow the V2 spec) and Spark's own writes and OPTIMIZE make them"),
     Feature("allowColumnDefaults", False, False,
             "a column's DEFAULT must fill rows that lack it, and delta-rs 1.6.6 refuses to commit to such a table"),
     Feature("identityColumns", False, False,
             "identity values and the column's high-water mark would have to be assigned in the commit; delta-rs "
             "1.6.6 refuses to commit to such a table"),
-    Feature("rowTracking", False, False,
-            "each add action needs a baseRowId and defaultRowCommitVersion and the commit a new row-id high-water "
-            "mark; delta-rs's transaction API cannot carry them"),
-    Feature("clustering", False, False,
-            "liquid clustering keeps its columns in domain metadata, which delta-rs 1.6.6 cannot commit with"),
-    Feature("inCommitTimestamp", False, False,
-            "every commit must carry a monotonic inCommitTimestamp; delta-rs 1.6.6 refuses to commit to such a table"),
-    Feature("domainMetadata", False, False,
-            "delta-rs 1.6.6 refuses to commit to such a table (it comes with clustering and row tracking)"),
+    Feature("rowTracking", False, True,
+            "each file gets a baseRowId and defaultRowCommitVersion and the commit moves the row-id high-water mark "
+            "(Delta Kernel's transaction), so `_metadata.row_id` is unique across epochs and tasks and Spark's "
+            "later writes go on from it; the commit is made by Delta Kernel"),
+    Feature("clustering", False, True,
+            "the clustering columns stay as the table's domain records them; every file carries statistics for "
+            "them (Delta Kernel checks it), so a later OPTIMIZE clusters; the commit is made by Delta Kernel"),
+    Feature("inCommitTimestamp", False, True,
+            "every commit carries an inCommitTimestamp above the previous commit's (Delta Kernel's transaction; "
+            "lastagent's property commits compute it the same way)"),
+    Feature("domainMetadata", False, True,
+            "the table's domains are kept as they are; only row tracking's high-water mark moves, in the commit "
+            "that adds the rows; the commit is made by Delta Kernel"),
     Feature("icebergCompatV1", False, False,
             "UniForm requires Iceberg metadata conversion after each commit, which only Spark's writer does"),
     Feature("icebergCompatV2", False, False,
@@ -86,8 +91,8 @@ FEATURES: tuple[Feature, ...] = (
             "delta-rs 1.6.6 refuses to commit to such a table; a widened column's type history lives in its metadata"),
     Feature("typeWidening-preview", True, False, "as typeWidening"),
     Feature("variantType", True, True,
-            "the feature alone needs nothing of an appender (delta-rs adds it to a reader-version-3 table when it sets "
-            "a property); a table with a VARIANT column is refused, since the sink does not write the Variant encoding"),
+            "the feature alone needs nothing of an appender; a table with a VARIANT column is refused, since the sink "
+            "does not write the Variant encoding"),
     Feature("variantType-preview", True, True, "as variantType"),
     Feature("variantShredding-preview", True, False,
             "shredded Variant columns need the shredding layout, which the sink does not write"),
@@ -104,6 +109,10 @@ _BY_NAME = {f.name: f for f in FEATURES}
 #: Features a legacy protocol (writer version < 7, reader version < 3) implies, by version.
 _LEGACY_WRITER = ((2, ("appendOnly", "invariants")), (3, ("checkConstraints",)),
                   (4, ("changeDataFeed", "generatedColumns")), (5, ("columnMapping",)), (6, ("identityColumns",)))
+
+#: Features only Delta Kernel commits with (delta-rs 1.6.6 refuses a table that has one): a table with any of
+#: them gets its epochs' commits from kernel (:attr:`TableRules.kernel`).
+KERNEL_FEATURES = frozenset({"rowTracking", "clustering", "inCommitTimestamp", "domainMetadata"})
 
 #: Spark keeps a CHAR(n) / VARCHAR(n) column as a string with this metadata.
 _CHAR_VARCHAR = "__CHAR_VARCHAR_TYPE_STRING"
@@ -142,7 +151,9 @@ class TableRules:
         constraints: the table's CHECK constraints.
         generated: the table's generated columns.
         not_null: paths of the columns (``a`` or ``a.b`` for a struct's field) declared NOT NULL.
-        checkpoint: whether delta-rs may write a checkpoint after a commit (not on v2Checkpoint tables).
+        checkpoint: whether a checkpoint may follow a commit (not delta-rs's on v2Checkpoint tables).
+        kernel: the table has a feature only Delta Kernel commits with (:data:`KERNEL_FEATURES`): the epoch's
+            commit goes through kernel, and mergeSchema (a delta-rs schema commit) is refused.
         lengths: (column, n) of the top-level VARCHAR(n) and CHAR(n) columns: Spark's writer refuses a
             longer value (``length(column) <= n``) and stores the value as given (read-side padding).
     """
@@ -153,6 +164,7 @@ class TableRules:
     not_null: tuple[str, ...] = ()
     checkpoint: bool = True
     lengths: tuple[tuple[str, int], ...] = ()
+    kernel: bool = False
 
     @property
     def rows_checked(self) -> bool:
@@ -282,7 +294,9 @@ def write_rules(table: str, role: str, min_reader: int, min_writer: int, reader_
         raise refuse("generatedColumns", f"nested field '{nested_generated[0]}' is generated")
     lengths = tuple((f["name"], int(m[2])) for f in schema.get("fields", ())
                     if (m := _LENGTH.fullmatch(f.get("metadata", {}).get(_CHAR_VARCHAR, ""))))
-    return TableRules(mode, constraints, generated, tuple(_not_null(schema)), "v2Checkpoint" not in named, lengths)
+    kernel = bool(named & KERNEL_FEATURES)
+    return TableRules(mode, constraints, generated, tuple(_not_null(schema)), kernel or "v2Checkpoint" not in named,
+                      lengths, kernel)
 
 
 def rules_of(table: Any, where: str, role: str) -> TableRules:
@@ -301,16 +315,27 @@ def require_plain(table: Any, where: str, role: str, nullable: bool = True) -> N
     """Refuses a table lastagent writes with its own fixed rows (dead letters, arbitration records). Driver.
 
     Such a table may have no constraint, generated column or column mapping, no feature the sink
-    does not write, and (``nullable``) no NOT NULL column, since lastagent's rows leave some columns
-    null. lastagent creates these tables itself; a table made elsewhere must look like one it made.
+    does not write or writes only through Delta Kernel (:data:`KERNEL_FEATURES`), and (``nullable``)
+    no NOT NULL column, since lastagent's rows leave some columns null. lastagent creates these
+    tables itself; a table made elsewhere must look like one it made.
     """
     rules = rules_of(table, where, role)
+    if rules.kernel:  # lastagent's own tables are written by delta-rs, which cannot commit with these
+        raise UnsupportedTableFeatureError(min(KERNEL_FEATURES & _named(table)), where, role,
+                                           f"lastagent writes the {role} with delta-rs 1.6.6, which cannot commit to "
+                                           "such a table; give it a path of its own and lastagent creates it")
     found = ("columnMapping" if rules.column_mapping != "none" else "checkConstraints" if rules.constraints
              else "generatedColumns" if rules.generated else "CHAR/VARCHAR" if rules.lengths
              else "NOT NULL" if nullable and rules.not_null else None)
     if found is not None:
         raise UnsupportedTableFeatureError(found, where, role, f"the {role} holds lastagent's own rows, written "
                                                                "as lastagent creates the table; give it a path of its own")
+
+
+def _named(table: Any) -> set[str]:
+    protocol = table.protocol()
+    return table_features(protocol.min_reader_version, protocol.min_writer_version, protocol.reader_features,
+                          protocol.writer_features)
 
 
 def markdown() -> str:

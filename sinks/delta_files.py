@@ -326,6 +326,12 @@ class FileWriter:
                 self.fs.delete_file(path)
 
 
+def kernel_add(add: dict[str, Any]) -> dict[str, Any]:
+    """The add action as Delta Kernel takes it: the path URI-encoded as the log holds it (delta-rs encodes it
+    itself; a partition directory's ``%`` escapes become ``%25``). Driver side."""
+    return {**add, "path": quote(add["path"], safe="/=:@!$&'()*+,;")}
+
+
 def add_actions(adds: list[dict[str, Any]]) -> list[Any]:
     """deltalake AddAction objects from the JSON-able dicts tasks return. Driver side."""
     from deltalake.transaction import AddAction

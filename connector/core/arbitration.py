@@ -367,46 +367,21 @@ def alter_properties(open_table: Callable[[], Any], where: str, what: str,
     Raises:
         ArbitrationError: the table could not be written, or lost the race every time.
     """
-    from deltalake.transaction import PostCommitHookProperties
+    from lastagent import delta_kernel
 
     def attempt() -> dict[str, str] | None:
         table = open_table()
         properties = properties_of(table)
         if properties is None:
             return None
-        before = table.protocol()
-        try:
-            # No checkpoint after a property change: delta-rs would write a classic one even into a
-            # v2-checkpoint table; the table's data commits (and Spark's) make the checkpoints.
-            table.alter.set_table_properties(properties, raise_if_not_exists=False,
-                                             post_commithook_properties=PostCommitHookProperties(
-                                                 create_checkpoint=False, cleanup_expired_logs=False))
-        except lost_races():
-            raise
-        except Exception as exc:  # delta-rs raises plain errors for I/O
-            raise ArbitrationError(f"cannot record {what} in {where}: {exc}") from exc
-        _warn_if_protocol_changed(open_table, where, before)
+        # Through Delta Kernel's log writer, not delta-rs's set_table_properties: delta-rs 1.6.6 rewrites a
+        # table-features protocol with it (a reader-version-3 table gains variantType, which older readers
+        # refuse), and cannot commit to a table with in-commit timestamps at all. This commit is the table's
+        # metaData with these keys set and nothing else; a race re-reads (until_committed).
+        delta_kernel.set_properties(table.table_uri, table._storage_options, table.version(), properties, what)
         return properties
 
     return until_committed(attempt, f"recording {what}", where)
-
-
-def _warn_if_protocol_changed(open_table: Callable[[], Any], where: str, before: Any) -> None:
-    """Says so when delta-rs's property commit rewrote the table's protocol. Driver.
-
-    delta-rs 1.6.6 does on a table-features protocol (reader version 1 becomes 2; a reader-version-3
-    table gains the variantType feature); lastagent cannot prevent it through delta-rs's Python API,
-    so the operator hears of it once, when it happens (docs/delta.md).
-    """
-    try:
-        after = open_table().protocol()
-    except Exception as exc:  # only a warning is at stake; the commit stands
-        log.info("cannot re-read %s's protocol after a property change: %s", where, exc)
-        return
-    if after != before:
-        log.warning("delta-rs's property commit changed the protocol of %s from %s to %s (readers older than "
-                    "the new features cannot read it any more; docs/delta.md, 'What the run's claim does')",
-                    where, before, after)
 
 
 def accept_lost_on_delta(open_table: Callable[[], Any], where: str, link: str, epoch: int) -> None:

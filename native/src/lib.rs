@@ -42,6 +42,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 use rdkafka_sys as rd;
 
+mod delta;
 mod oauth;
 mod producer;
 
@@ -765,6 +766,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RangeConsumer>()?;
     m.add_class::<ArrowBatch>()?;
     m.add_class::<producer::BranchProducer>()?;
+    m.add("DeltaKernelError", m.py().get_type::<delta::DeltaKernelError>())?;
+    m.add_function(wrap_pyfunction!(delta::delta_table_state, m)?)?;
+    m.add_function(wrap_pyfunction!(delta::delta_commit_epoch, m)?)?;
+    m.add_function(wrap_pyfunction!(delta::delta_set_properties, m)?)?;
+    m.add_function(wrap_pyfunction!(delta::delta_checkpoint, m)?)?;
     m.add_function(wrap_pyfunction!(librdkafka_version, m)?)?;
     m.add_function(wrap_pyfunction!(librdkafka_features, m)?)?;
     m.add_function(wrap_pyfunction!(openssl_version, m)?)?;

@@ -55,15 +55,6 @@ def _detail(spark, path):
         "properties": {k: v for k, v in d["properties"].items() if not k.startswith("lastagent.")}}
 
 
-def _after_claim(detail):
-    """What DESCRIBE DETAIL shows after delta-rs 1.6.6 set a table property (the run's claim)."""
-    if detail["minWriterVersion"] < 7:
-        return detail
-    if detail["minReaderVersion"] == 3:
-        return detail | {"tableFeatures": sorted(set(detail["tableFeatures"]) | {"variantType"})}
-    return detail | {"minReaderVersion": 2}
-
-
 # name -> (DDL, statements after it, the query's columns)
 WRITTEN = {
     "check constraint, not null, deletion vectors, v2 checkpoints": (
@@ -85,6 +76,19 @@ WRITTEN = {
                                          "TBLPROPERTIES ('delta.columnMapping.mode'='id')",
                                          ["ALTER TABLE {t} RENAME COLUMN s.a TO x"],
                                          ["id", "named_struct('x', amount, 'b', name) AS s"]),
+    # Written through Delta Kernel (docs/delta.md): delta-rs 1.6.6 cannot commit to these.
+    "row tracking": ("CREATE TABLE {t} (id BIGINT, amount INT, name STRING) USING delta "
+                     "TBLPROPERTIES ('delta.enableRowTracking'='true')", [], ["id", "amount", "name"]),
+    "liquid clustering": ("CREATE TABLE {t} (id BIGINT, amount INT, name STRING) USING delta CLUSTER BY (amount, id)",
+                          [], ["id", "amount", "name"]),
+    "in-commit timestamps": ("CREATE TABLE {t} (id BIGINT, amount INT, name STRING) USING delta "
+                             "TBLPROPERTIES ('delta.enableInCommitTimestamps'='true')", [], ["id", "amount", "name"]),
+    "what Delta gives a new table: deletion vectors, row tracking, in-commit timestamps, clustering, v2 checkpoints": (
+        "CREATE TABLE {t} (id BIGINT, amount INT, name STRING, part STRING) USING delta CLUSTER BY (id) "
+        "TBLPROPERTIES ('delta.enableDeletionVectors'='true', 'delta.enableRowTracking'='true', "
+        "'delta.enableInCommitTimestamps'='true', 'delta.checkpointPolicy'='v2', 'delta.checkpointInterval'='2', "
+        "'delta.columnMapping.mode'='name')", ["ALTER TABLE {t} RENAME COLUMN part TO region"],
+        ["id", "amount", "name", "part AS region"]),
 }
 
 
@@ -100,11 +104,10 @@ def test_rows_read_back_as_spark_wrote_them(spark, source, tmp_path, case):
     assert _rows(spark, ours) == _rows(spark, theirs) and len(_rows(spark, ours)) == len(ROWS)
     # Data skipping on the files' statistics (keyed by physical names under column mapping) agrees.
     assert _rows(spark, ours, "id >= 6") == _rows(spark, theirs, "id >= 6") and len(_rows(spark, ours, "id >= 6")) == 6
-    # The run's claim changed nothing of the table but lastagent's own properties, except what
-    # delta-rs 1.6.6's property commit does to a table-features protocol (docs/delta.md): reader
-    # version 1 becomes 2, and a reader-version-3 table gains the variantType feature.
-    assert _detail(spark, ours) == _after_claim(before)
-    if "v2 checkpoints" in case:  # delta-rs wrote no classic checkpoint into a v2-checkpoint table
+    # The run's claim changed nothing of the table but lastagent's own properties: protocol versions,
+    # features, clustering columns and every other property as they were (a writer-version-7 table too).
+    assert _detail(spark, ours) == before
+    if case.startswith("check constraint"):  # delta-rs wrote no classic checkpoint into a v2-checkpoint table
         from pathlib import Path
 
         assert not list(Path(ours, "_delta_log").glob("*.checkpoint.parquet"))
@@ -112,6 +115,86 @@ def test_rows_read_back_as_spark_wrote_them(spark, source, tmp_path, case):
         spark.read.format("delta").load(source).selectExpr(*select).limit(1).write.format("delta").mode("append") \
             .save(ours)
         assert len(_rows(spark, ours)) == len(ROWS) + 1
+
+
+def _twins(spark, source, tmp_path, case):
+    """The case's two tables: Spark's ``delta`` writer's and lastagent-delta's (two epochs), same rows."""
+    ddl, after, select = WRITTEN[case]
+    theirs, ours = str(tmp_path / "spark"), str(tmp_path / "ours")
+    for path in (theirs, ours):
+        _make(spark, ddl, after, path)
+    spark.read.format("delta").load(source).selectExpr(*select).write.format("delta").mode("append").save(theirs)
+    _stream(spark, source, tmp_path / "ckpt", ours, select).awaitTermination()
+    return theirs, ours
+
+
+def _log(path):
+    """Each version's actions, read from the JSON log (checkpoints leave the JSON files in place)."""
+    from pathlib import Path
+
+    return {int(f.stem): [json.loads(line) for line in f.read_text().splitlines()]
+            for f in sorted(Path(path, "_delta_log").glob("*.json"))}
+
+
+def _row_ids(spark, path):
+    return {r.id: (r.row_id, r.row_commit_version) for r in spark.read.format("delta").load(path)
+            .select("id", "_metadata.row_id", "_metadata.row_commit_version").collect()}
+
+
+def test_row_ids_are_unique_across_epochs_and_tasks_and_stay_through_optimize(spark, source, tmp_path):
+    """Row tracking, written by Delta Kernel: every row has an id and a commit version (one per epoch's
+    commit), Spark's INSERT afterwards goes on above the high-water mark, and OPTIMIZE keeps every row's."""
+    theirs, ours = _twins(spark, source, tmp_path, "row tracking")
+    ids = _row_ids(spark, ours)
+    assert len(ids) == len(ROWS) and None not in {v for pair in ids.values() for v in pair}
+    assert len({row_id for row_id, _ in ids.values()}) == len(ROWS)
+    assert sorted(row_id for row_id, _ in ids.values()) == sorted(row_id for row_id, _ in _row_ids(spark, theirs).values())
+    assert len({version for _, version in ids.values()}) == 2  # one commit per epoch
+    domains = [a["domainMetadata"] for actions in _log(ours).values() for a in actions if "domainMetadata" in a]
+    assert json.loads(domains[-1]["configuration"])["rowIdHighWaterMark"] == len(ROWS) - 1
+    spark.sql(f"INSERT INTO delta.`{ours}` VALUES (100, 1, 'x'), (101, 2, 'y')")
+    ids = _row_ids(spark, ours)
+    assert len({row_id for row_id, _ in ids.values()}) == len(ROWS) + 2
+    assert {ids[100][0], ids[101][0]} == {len(ROWS), len(ROWS) + 1}
+    spark.sql(f"OPTIMIZE delta.`{ours}`")
+    assert spark.sql(f"DESCRIBE HISTORY delta.`{ours}` LIMIT 1").collect()[0].operation == "OPTIMIZE"
+    assert _row_ids(spark, ours) == ids
+
+
+def test_a_clustered_table_keeps_its_columns_and_a_later_optimize_clusters_it(spark, source, tmp_path):
+    """Liquid clustering, written by Delta Kernel: the clustering columns stay, every file lastagent adds
+    carries statistics for them, and Spark's OPTIMIZE then clusters the table (rows unchanged)."""
+    theirs, ours = _twins(spark, source, tmp_path, "liquid clustering")
+    assert _detail(spark, ours)["clusteringColumns"] == _detail(spark, theirs)["clusteringColumns"] == ["amount", "id"]
+    adds = [a["add"] for actions in _log(ours).values() if any("txn" in a for a in actions)
+            for a in actions if "add" in a]
+    assert len(adds) >= 2
+    for add in adds:
+        stats = json.loads(add["stats"])
+        assert stats["numRecords"] > 0 and {"amount", "id"} <= set(stats["minValues"]) & set(stats["maxValues"])
+    before = _rows(spark, ours)
+    spark.sql(f"OPTIMIZE delta.`{ours}`")
+    assert spark.sql(f"DESCRIBE HISTORY delta.`{ours}` LIMIT 1").collect()[0].operation == "OPTIMIZE"
+    assert _rows(spark, ours) == before
+    assert _rows(spark, ours, "amount > 40") == _rows(spark, theirs, "amount > 40") != []
+
+
+def test_every_commit_carries_an_in_commit_timestamp_above_the_previous_one(spark, source, tmp_path):
+    """In-commit timestamps, written by Delta Kernel (and by lastagent's claim): each commit's first action is its
+    commitInfo with an inCommitTimestamp strictly above the one before; Spark's history and time travel go by them."""
+    theirs, ours = _twins(spark, source, tmp_path, "in-commit timestamps")
+    spark.sql(f"INSERT INTO delta.`{ours}` VALUES (100, 1, 'x')")
+    log = _log(ours)
+    stamps = [actions[0]["commitInfo"]["inCommitTimestamp"] for _, actions in sorted(log.items())]
+    assert stamps == sorted(set(stamps)) and len(stamps) == len(log) >= 5  # create, claim, 2 epochs, insert
+    ops = [actions[0]["commitInfo"]["operation"] for _, actions in sorted(log.items())]
+    assert ops.count("STREAMING UPDATE") == 2 and "SET TBLPROPERTIES" in ops
+    history = {r.version: r for r in spark.sql(f"DESCRIBE HISTORY delta.`{ours}`").selectExpr(
+        "version", "unix_millis(timestamp) AS ms", "date_format(timestamp, 'yyyy-MM-dd HH:mm:ss.SSS') AS at").collect()}
+    assert [history[v].ms for v in sorted(history)] == stamps
+    first_epoch = ops.index("STREAMING UPDATE")
+    as_of = spark.read.format("delta").option("timestampAsOf", history[first_epoch].at).load(ours)
+    assert as_of.count() == 6
 
 
 def test_rows_breaking_a_rule_go_to_the_dead_letters_with_its_name(spark, source, tmp_path):
@@ -148,11 +231,6 @@ def test_without_a_dead_letter_target_the_epoch_fails_naming_the_constraint(spar
 REFUSED = {
     "identity column": ("CREATE TABLE {t} (id BIGINT GENERATED ALWAYS AS IDENTITY, amount INT) USING delta", [],
                         "identityColumns"),
-    "liquid clustering": ("CREATE TABLE {t} (id BIGINT, amount INT) USING delta CLUSTER BY (id)", [], "clustering"),
-    "row tracking": ("CREATE TABLE {t} (id BIGINT, amount INT) USING delta "
-                     "TBLPROPERTIES ('delta.enableRowTracking'='true')", [], "rowTracking"),
-    "in-commit timestamps": ("CREATE TABLE {t} (id BIGINT, amount INT) USING delta "
-                             "TBLPROPERTIES ('delta.enableInCommitTimestamps'='true')", [], "inCommitTimestamp"),
     "column defaults": ("CREATE TABLE {t} (id BIGINT, amount INT DEFAULT 7) USING delta "
                         "TBLPROPERTIES ('delta.feature.allowColumnDefaults'='supported')", [], "allowColumnDefaults"),
     "type widening": ("CREATE TABLE {t} (id BIGINT, amount INT) USING delta "

@@ -156,33 +156,30 @@ def test_a_value_longer_than_its_varchar_goes_to_the_dead_letters():
     assert [(f.row.column("id")[0].as_py(), f.reason) for f in failed] == [(2, "length:name")]
 
 
-def test_a_property_commit_that_rewrites_the_protocol_is_logged(caplog):
-    """delta-rs 1.6.6's property commit rewrites a table-features protocol; the claim says so (docs/delta.md)."""
+@pytest.mark.parametrize("features", [["rowTracking", "domainMetadata"], ["clustering", "domainMetadata"],
+                                      ["inCommitTimestamp"], ["domainMetadata"]])
+def test_a_feature_only_kernel_commits_with_sends_the_commits_through_kernel(features):
+    """Row tracking, clustering, in-commit timestamps and domain metadata are written, by Delta Kernel; a
+    v2-checkpoint table among them gets its checkpoints from kernel too."""
+    assert _rules(1, 7, None, features) == TableRules(kernel=True)
+    assert _rules(3, 7, ["deletionVectors", "v2Checkpoint"], [*features, "deletionVectors", "v2Checkpoint"]) == \
+        TableRules(kernel=True, checkpoint=True)
+    assert _rules(3, 7, ["v2Checkpoint"], ["v2Checkpoint"]) == TableRules(checkpoint=False)
+
+
+def test_lastagents_own_tables_with_a_kernel_feature_are_refused_by_name():
+    """The dead-letter and arbitration tables are written by delta-rs: row tracking there is refused, naming it."""
     from types import SimpleNamespace
 
-    from lastagent.core.arbitration import alter_properties
+    from lastagent.sinks.delta_features import require_plain
 
-    class Table:
-        def __init__(self, protocol: tuple) -> None:
-            self._protocol = protocol
-            self.alter = SimpleNamespace(set_table_properties=self.set)
-
-        def protocol(self) -> tuple:
-            return self._protocol
-
-        def set(self, properties: dict, **_: object) -> None:
-            state["table"] = Table((2, 7))  # what delta-rs does to reader version 1
-
-    state = {"table": Table((1, 7))}
-    with caplog.at_level("WARNING", logger="lastagent"):
-        alter_properties(lambda: state["table"], "Delta table /t", "a claim", lambda table: {"lastagent.x": "1"})
-    assert "changed the protocol of Delta table /t from (1, 7) to (2, 7)" in caplog.text
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="lastagent"):
-        state["table"] = Table((2, 7))
-        state["table"].alter = SimpleNamespace(set_table_properties=lambda *a, **k: None)
-        alter_properties(lambda: state["table"], "Delta table /t", "a claim", lambda table: {"lastagent.x": "1"})
-    assert "changed the protocol" not in caplog.text
+    protocol = SimpleNamespace(min_reader_version=1, min_writer_version=7, reader_features=None,
+                               writer_features=["rowTracking", "domainMetadata"])
+    table = SimpleNamespace(protocol=lambda: protocol, metadata=lambda: SimpleNamespace(configuration={}),
+                            schema=lambda: SimpleNamespace(to_json=lambda: _schema(_field("reason", "string"))))
+    with pytest.raises(UnsupportedTableFeatureError, match=r"\(dead-letter table\) uses the table feature "
+                                                           r"'domainMetadata'.*with delta-rs 1.6.6"):
+        require_plain(table, "/d", "dead-letter table")
 
 
 def test_a_broken_check_is_named_even_when_another_name_prefixes_it():

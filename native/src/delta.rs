@@ -1,0 +1,366 @@
+//! lastagent's Delta commits through Delta Kernel (`delta_kernel` 0.30.1, its default engine on
+//! `object_store`). Runs on the driver only: executors write Parquet with pyarrow and report add
+//! actions as JSON; the driver hands them to kernel here.
+//!
+//! Every function takes the table's URI and the query's `storage.*` settings, reads the table at
+//! the version the caller decided on (`read_version`) and commits the next version or reports a
+//! conflict: the caller's race rules (re-read, check ownership and `txn`, decide again) stay in
+//! Python, as with delta-rs and `max_commit_retries=0`. Kernel's own features (in-commit
+//! timestamps, row tracking and its high-water mark, clustering statistics, checkpoints of the
+//! table's kind) come with its transaction.
+//!
+//! Kernel cannot commit a change of table properties (0.30.1 emits a `metaData` action only for
+//! schema changes), and delta-rs's property commit rewrites a writer-version-7 table's protocol.
+//! `set_properties` therefore writes that one commit itself, as PROTOCOL.md describes it: a
+//! `commitInfo` first (with the in-commit timestamp when the table has them) and the table's
+//! `metaData` with only the given keys changed; no protocol action, so the table's versions and
+//! features stay as they are. It is written put-if-absent, as kernel's own commits are.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use delta_kernel::arrow::array::{ArrayRef, RecordBatch, StringArray};
+use delta_kernel::arrow::datatypes::{DataType as ArrowType, Field as ArrowField, Schema as ArrowSchema};
+use delta_kernel::committer::FileSystemCommitter;
+use delta_kernel::engine::arrow_data::ArrowEngineData;
+use delta_kernel::object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use delta_kernel::object_store::local::LocalFileSystem;
+use delta_kernel::object_store::DynObjectStore;
+use delta_kernel::schema::{DataType, MapType, StructField, StructType};
+use delta_kernel::snapshot::{Snapshot, SnapshotRef};
+use delta_kernel::transaction::{CommitResult, UpdateTableOperation};
+use delta_kernel::{Engine, KernelError};
+use delta_kernel_default_engine::executor::tokio::TokioMultiThreadExecutor;
+use delta_kernel_default_engine::DefaultEngine;
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use url::Url;
+
+create_exception!(_native, DeltaKernelError, PyException, "Delta Kernel refused or failed a read or a commit (the message says which).");
+
+type KernelEngine = DefaultEngine<TokioMultiThreadExecutor>;
+
+/// One engine per store and settings, for the process's life: an engine holds a Tokio runtime
+/// (two worker threads) and the store's connection pool; a decision per epoch must not build one.
+fn engine_for(url: &Url, storage: &HashMap<String, String>) -> Result<Arc<KernelEngine>, String> {
+    static ENGINES: OnceLock<Mutex<HashMap<String, Arc<KernelEngine>>>> = OnceLock::new();
+    let mut settings: Vec<_> = storage.iter().collect();
+    settings.sort();
+    let key = format!("{}://{}|{:?}", url.scheme(), url.host_str().unwrap_or(""), settings);
+    let engines = ENGINES.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut engines = engines.lock().map_err(|_| "the Delta engine cache was poisoned by a panic".to_string())?;
+    if let Some(engine) = engines.get(&key) {
+        return Ok(engine.clone());
+    }
+    let store = store_for(url, storage)?;
+    let executor = TokioMultiThreadExecutor::new_owned_runtime(Some(2), Some(8)).map_err(|e| e.to_string())?;
+    let engine = Arc::new(DefaultEngine::builder(store).with_task_executor(Arc::new(executor)).build());
+    engines.insert(key, engine.clone());
+    Ok(engine)
+}
+
+/// The object store of a table's URL. S3 (`s3://`, `s3a://`) starts from the environment
+/// (`AWS_*`), as delta-rs and Spark's s3a do, then takes the `storage.*` settings, each one checked:
+/// a setting object_store does not know is refused, never dropped.
+fn store_for(url: &Url, storage: &HashMap<String, String>) -> Result<Arc<DynObjectStore>, String> {
+    match url.scheme() {
+        "file" => Ok(Arc::new(LocalFileSystem::new())),
+        "s3" | "s3a" => {
+            let bucket = url.host_str().ok_or_else(|| format!("{url}: no bucket"))?;
+            let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+            for (key, value) in storage {
+                let parsed: AmazonS3ConfigKey =
+                    key.parse().map_err(|e| format!("storage setting {key:?}: {e}"))?;
+                builder = builder.with_config(parsed, value);
+            }
+            Ok(Arc::new(builder.build().map_err(|e| e.to_string())?))
+        }
+        other => Err(format!(
+            "{url}: lastagent commits through Delta Kernel to local paths and S3 (s3://, s3a://); \
+             {other}:// is not one of them"
+        )),
+    }
+}
+
+/// The table root as kernel wants it: a URL ending in '/'. A plain path is a local directory.
+fn table_url(uri: &str) -> Result<Url, String> {
+    let mut url = if uri.contains("://") {
+        Url::parse(uri).map_err(|e| format!("{uri}: {e}"))?
+    } else {
+        let path = std::path::absolute(uri).map_err(|e| format!("{uri}: {e}"))?;
+        Url::from_directory_path(&path).map_err(|_| format!("{uri}: not an absolute local path"))?
+    };
+    if !url.path().ends_with('/') {
+        let path = format!("{}/", url.path());
+        url.set_path(&path);
+    }
+    Ok(url)
+}
+
+fn err(e: impl std::fmt::Display) -> PyErr {
+    DeltaKernelError::new_err(e.to_string())
+}
+
+fn snapshot(engine: &KernelEngine, url: &Url, version: Option<u64>) -> Result<SnapshotRef, KernelError> {
+    let builder = Snapshot::builder_for(url.as_str());
+    match version {
+        Some(v) => builder.at_version(v).build(engine),
+        None => builder.build(engine),
+    }
+}
+
+fn is_missing_table(e: &KernelError) -> bool {
+    // Kernel reports a missing directory as an invalid location, one without a log as an empty log.
+    matches!(e, KernelError::FileNotFound(_) | KernelError::EmptyLog | KernelError::InvalidTableLocation(_))
+}
+
+/// Whether kernel would write to the table: kernel's write gate (every writer feature, the
+/// invariants and constraints rules), run by building a transaction that is thrown away.
+fn write_gate(engine: &KernelEngine, snap: &SnapshotRef) -> Option<String> {
+    snap.clone()
+        .update_table(UpdateTableOperation::StreamingUpdate, "lastagent", true)
+        .build(engine, Box::new(FileSystemCommitter::new()))
+        .err()
+        .map(|e| e.to_string())
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+/// The table as kernel reads it at its newest version, or None when there is no table:
+/// `version`, `min_reader_version`, `min_writer_version`, `reader_features`, `writer_features`
+/// (None below versions 3/7), `configuration`, `partition_columns`, `in_commit_timestamps`
+/// (bool) and `write_gate` (None, or kernel's reason for not writing to it).
+#[pyfunction]
+#[pyo3(signature = (uri, storage))]
+pub fn delta_table_state<'py>(
+    py: Python<'py>,
+    uri: &str,
+    storage: HashMap<String, String>,
+) -> PyResult<Option<Bound<'py, PyDict>>> {
+    let url = table_url(uri).map_err(err)?;
+    let state = py.detach(|| -> Result<Option<_>, String> {
+        let engine = engine_for(&url, &storage)?;
+        let snap = match snapshot(&engine, &url, None) {
+            Ok(s) => s,
+            Err(e) if is_missing_table(&e) => return Ok(None),
+            Err(e) => return Err(format!("cannot read Delta table {url}: {e}")),
+        };
+        let config = snap.table_configuration();
+        let protocol = config.protocol();
+        let features = |f: Option<&[delta_kernel::table_features::TableFeature]>| {
+            f.map(|fs| fs.iter().map(|x| x.to_string()).collect::<Vec<_>>())
+        };
+        let ict = snap.get_in_commit_timestamp(engine.as_ref()).map_err(|e| e.to_string())?.is_some();
+        Ok(Some((
+            snap.version(),
+            protocol.min_reader_version(),
+            protocol.min_writer_version(),
+            features(protocol.reader_features()),
+            features(protocol.writer_features()),
+            config.metadata().configuration().clone(),
+            config.metadata().partition_columns().to_vec(),
+            ict,
+            write_gate(&engine, &snap),
+        )))
+    });
+    let Some((version, reader, writer, reader_features, writer_features, configuration, partitions, ict, gate)) =
+        state.map_err(err)?
+    else {
+        return Ok(None);
+    };
+    let d = PyDict::new(py);
+    d.set_item("version", version)?;
+    d.set_item("min_reader_version", reader)?;
+    d.set_item("min_writer_version", writer)?;
+    d.set_item("reader_features", reader_features)?;
+    d.set_item("writer_features", writer_features)?;
+    d.set_item("configuration", configuration)?;
+    d.set_item("partition_columns", partitions)?;
+    d.set_item("in_commit_timestamps", ict)?;
+    d.set_item("write_gate", gate)?;
+    Ok(Some(d))
+}
+
+/// A one-row batch of string columns, for kernel's `with_commit_info`.
+fn commit_info_batch(fields: &[(String, String)]) -> Result<(Box<ArrowEngineData>, Arc<StructType>), String> {
+    let arrow_fields: Vec<ArrowField> =
+        fields.iter().map(|(k, _)| ArrowField::new(k, ArrowType::Utf8, true)).collect();
+    let columns: Vec<ArrayRef> =
+        fields.iter().map(|(_, v)| Arc::new(StringArray::from(vec![Some(v.as_str())])) as ArrayRef).collect();
+    let batch = RecordBatch::try_new(Arc::new(ArrowSchema::new(arrow_fields)), columns).map_err(|e| e.to_string())?;
+    let schema = StructType::try_new(fields.iter().map(|(k, _)| StructField::nullable(k, DataType::STRING)))
+        .map_err(|e| e.to_string())?;
+    Ok((Box::new(ArrowEngineData::new(batch)), Arc::new(schema)))
+}
+
+/// The add actions the tasks reported (JSON objects whose `stats` is Delta's JSON string), as the
+/// typed rows kernel's `add_files` takes: the statistics parsed into the table's stats schema, so
+/// kernel can check what the table's features require (`numRecords` for row tracking, the
+/// clustering columns' statistics) and write them back as Delta's JSON.
+fn add_rows(
+    engine: &KernelEngine,
+    adds: &[String],
+    stats_schema: delta_kernel::schema::SchemaRef,
+) -> Result<Box<dyn delta_kernel::EngineData>, String> {
+    let mut lines = Vec::with_capacity(adds.len());
+    for add in adds {
+        let mut value: serde_json::Value = serde_json::from_str(add).map_err(|e| format!("add action {add}: {e}"))?;
+        let object = value.as_object_mut().ok_or_else(|| format!("add action {add}: not an object"))?;
+        if let Some(serde_json::Value::String(stats)) = object.get("stats").cloned() {
+            let parsed: serde_json::Value =
+                serde_json::from_str(&stats).map_err(|e| format!("stats of {add}: {e}"))?;
+            object.insert("stats".into(), parsed);
+        }
+        lines.push(value.to_string());
+    }
+    let schema = StructType::try_new([
+        StructField::not_null("path", DataType::STRING),
+        StructField::not_null("partitionValues", MapType::new(DataType::STRING, DataType::STRING, true)),
+        StructField::not_null("size", DataType::LONG),
+        StructField::not_null("modificationTime", DataType::LONG),
+        StructField::nullable("stats", stats_schema),
+    ])
+    .map_err(|e| e.to_string())?;
+    let column: ArrayRef = Arc::new(StringArray::from(lines));
+    let batch = RecordBatch::try_new(
+        Arc::new(ArrowSchema::new(vec![ArrowField::new("json", ArrowType::Utf8, false)])),
+        vec![column],
+    )
+    .map_err(|e| e.to_string())?;
+    engine
+        .json_handler()
+        .parse_json(Box::new(ArrowEngineData::new(batch)), Arc::new(schema))
+        .map_err(|e| format!("the tasks' add actions do not fit the table's statistics schema: {e}"))
+}
+
+/// Commits an epoch's files on top of `read_version`: the add actions, `txn(app_id, app_version)`,
+/// the given commit-info fields (lastagent's record, `userMetadata`) and Spark's streaming
+/// operation (`STREAMING UPDATE`, `outputMode`/`queryId`/`epochId` as given).
+///
+/// Returns `("committed", version)`, or `("conflict", version)` when another writer took
+/// `read_version + 1` first: nothing is written then, and the caller reads the table again.
+#[pyfunction]
+#[pyo3(signature = (uri, storage, read_version, adds, app_id, app_version, commit_info, operation_parameters))]
+#[allow(clippy::too_many_arguments)]
+pub fn delta_commit_epoch(
+    py: Python<'_>,
+    uri: &str,
+    storage: HashMap<String, String>,
+    read_version: u64,
+    adds: Vec<String>,
+    app_id: String,
+    app_version: i64,
+    commit_info: Vec<(String, String)>,
+    operation_parameters: Vec<(String, String)>,
+) -> PyResult<(String, u64)> {
+    let url = table_url(uri).map_err(err)?;
+    py.detach(|| -> Result<(String, u64), String> {
+        let engine = engine_for(&url, &storage)?;
+        let snap = snapshot(&engine, &url, Some(read_version)).map_err(|e| format!("cannot read {url}: {e}"))?;
+        let (info, info_schema) = commit_info_batch(&commit_info)?;
+        let mut builder = snap
+            .update_table(UpdateTableOperation::StreamingUpdate, format!("lastagent/{}", env!("CARGO_PKG_VERSION")), true)
+            .with_transaction_id(app_id, app_version)
+            .with_commit_info(info, info_schema)
+            .with_operation_parameters(operation_parameters.into_iter().map(|(k, v)| (k, Some(v))));
+        if !adds.is_empty() {
+            builder = builder.with_blind_append();
+        }
+        let mut txn = builder
+            .build(engine.as_ref(), Box::new(FileSystemCommitter::new()))
+            .map_err(|e| format!("Delta Kernel will not write to {url}: {e}"))?;
+        if !adds.is_empty() {
+            let stats_schema = txn.stats_schema().map_err(|e| e.to_string())?;
+            txn.add_files(add_rows(&engine, &adds, stats_schema)?);
+        }
+        match txn.commit(engine.as_ref()).map_err(|e| format!("cannot commit to {url}: {e}"))? {
+            CommitResult::Committed(c) => Ok(("committed".into(), c.commit_version())),
+            CommitResult::Conflicted(c) => Ok(("conflict".into(), c.conflict_version())),
+            CommitResult::Retryable(_) => Err(format!(
+                "cannot commit to {url}: an I/O error; whether version {} was written is read back next",
+                read_version + 1
+            )),
+        }
+    })
+    .map_err(err)
+}
+
+/// Writes a checkpoint of `version` (classic or V2, as the table's features say). Another
+/// checkpoint already there is not an error.
+#[pyfunction]
+pub fn delta_checkpoint(py: Python<'_>, uri: &str, storage: HashMap<String, String>, version: u64) -> PyResult<()> {
+    let url = table_url(uri).map_err(err)?;
+    py.detach(|| -> Result<(), String> {
+        let engine = engine_for(&url, &storage)?;
+        let snap = snapshot(&engine, &url, Some(version)).map_err(|e| e.to_string())?;
+        snap.checkpoint(engine.as_ref(), None).map(|_| ()).map_err(|e| e.to_string())
+    })
+    .map_err(err)
+}
+
+/// Sets table properties on top of `read_version` in one commit that changes nothing else (see
+/// the module's notes): `commitInfo` (`SET TBLPROPERTIES`, with an in-commit timestamp above the
+/// previous one when the table keeps them) and the table's `metaData` with `properties` set.
+///
+/// Returns `("committed", version)` or `("conflict", version)`.
+#[pyfunction]
+pub fn delta_set_properties(
+    py: Python<'_>,
+    uri: &str,
+    storage: HashMap<String, String>,
+    read_version: u64,
+    properties: Vec<(String, String)>,
+) -> PyResult<(String, u64)> {
+    let url = table_url(uri).map_err(err)?;
+    py.detach(|| -> Result<(String, u64), String> {
+        let engine = engine_for(&url, &storage)?;
+        let snap = snapshot(&engine, &url, Some(read_version)).map_err(|e| format!("cannot read {url}: {e}"))?;
+        let mut metadata = serde_json::to_value(snap.table_configuration().metadata()).map_err(|e| e.to_string())?;
+        let object = metadata.as_object_mut().ok_or("the table's metaData is not an object")?;
+        object.retain(|_, v| !v.is_null());
+        let configuration = object
+            .entry("configuration")
+            .or_insert_with(|| serde_json::Value::Object(Default::default()))
+            .as_object_mut()
+            .ok_or("the table's configuration is not an object")?;
+        for (k, v) in &properties {
+            configuration.insert(k.clone(), serde_json::Value::String(v.clone()));
+        }
+        let now = now_ms();
+        let mut info = serde_json::Map::new();
+        if let Some(previous) = snap.get_in_commit_timestamp(engine.as_ref()).map_err(|e| e.to_string())? {
+            info.insert("inCommitTimestamp".into(), (now.max(previous + 1)).into());
+        }
+        let changed: HashMap<_, _> = properties.iter().cloned().collect();
+        info.insert("timestamp".into(), now.into());
+        info.insert("operation".into(), "SET TBLPROPERTIES".into());
+        info.insert(
+            "operationParameters".into(),
+            serde_json::json!({"properties": serde_json::to_string(&changed).map_err(|e| e.to_string())?}),
+        );
+        info.insert("readVersion".into(), read_version.into());
+        info.insert("isolationLevel".into(), "Serializable".into());
+        info.insert("isBlindAppend".into(), false.into());
+        info.insert("engineInfo".into(), format!("lastagent/{}", env!("CARGO_PKG_VERSION")).into());
+        let body = format!(
+            "{}\n{}\n",
+            serde_json::json!({ "commitInfo": info }),
+            serde_json::json!({ "metaData": metadata })
+        );
+        let version = read_version + 1;
+        let path = url
+            .join(&format!("_delta_log/{version:020}.json"))
+            .map_err(|e| e.to_string())?;
+        match engine.storage_handler().put(&path, body.into_bytes().into(), false) {
+            Ok(()) => Ok(("committed".into(), version)),
+            Err(KernelError::FileAlreadyExists(_)) => Ok(("conflict".into(), version)),
+            Err(e) => Err(format!("cannot commit to {url}: {e}")),
+        }
+    })
+    .map_err(err)
+}
