@@ -85,7 +85,7 @@ from typing import Any
 import pyarrow as pa
 
 from lastagent.errors import UnsupportedExpressionError
-from lastagent.sinks.delta_features import Constraint, GeneratedColumn
+from lastagent.sinks.delta_features import ColumnDefault, Constraint, GeneratedColumn
 
 __all__ = ["RowRules", "UnsupportedExpressionError", "check_supported"]
 
@@ -1248,11 +1248,13 @@ class RowRules:
     """
 
     def __init__(self, checks: Sequence[Constraint], generated: Sequence[GeneratedColumn], schema: pa.Schema,
-                 provided: Collection[str], *, time_zone: str = "UTC") -> None:
+                 provided: Collection[str], *, time_zone: str = "UTC", defaults: Sequence[ColumnDefault] = ()) -> None:
         self.schema = schema
         self._ctx = _eval_context()
         self._computed = _Program(schema)
-        self._computed_rules: list[GeneratedColumn] = []
+        # (column, the reason of a row whose value fails, with {failure}): generated columns the rows lack, then
+        # defaults they lack.
+        self._computed_rules: list[tuple[str, str]] = []
         self._checked = _Program(schema)
         self._checked_rules: list[tuple[str, str, str]] = []  # (rule, sql, reason when not TRUE)
         for g in generated:
@@ -1269,9 +1271,22 @@ class RowRules:
                 else:
                     _tried(self._ctx, schema, tree, check=False)
                     self._computed.add(tree, check=False)
-                    self._computed_rules.append(g)
+                    self._computed_rules.append((g.column, f"generated column {g.column}: {{failure}} in its generation "
+                                                           f"expression ({g.sql})"))
             except _Refuse as r:
                 raise UnsupportedExpressionError(f"generated column '{g.column}'", g.sql, str(r)) from None
+        # A DEFAULT fills only a column the rows lack (Spark's writer, batch and streaming alike); its value is
+        # cast to the column's type, as Spark's analyzer does when the DEFAULT is declared.
+        for d in defaults:
+            if d.column in provided:
+                continue
+            try:
+                tree = _analyze(d.sql, schema, time_zone, generated=True)
+                _tried(self._ctx, schema, tree, check=False)
+            except _Refuse as r:
+                raise UnsupportedExpressionError(f"DEFAULT of column '{d.column}'", d.sql, str(r)) from None
+            self._computed.add(tree, check=False)
+            self._computed_rules.append((d.column, f"DEFAULT of column {d.column}: {{failure}} in ({d.sql})"))
         for c in checks:
             try:
                 tree = _analyze(c.sql, schema, time_zone, generated=False)
@@ -1304,12 +1319,11 @@ class RowRules:
         if self._computed_rules:
             out = _run(self._ctx, batch, self._computed)
             columns = list(batch.columns)
-            for i, g in enumerate(self._computed_rules):
-                idx = batch.schema.get_field_index(g.column)
+            for i, (column, reason) in enumerate(self._computed_rules):
+                idx = batch.schema.get_field_index(column)
                 columns[idx] = out[2 * i].cast(batch.schema.field(idx).type)
                 for row, code in _failed(out[2 * i + 1]):
-                    failures.setdefault(row, f"generated column {g.column}: {_FAILURES[code]} in its generation "
-                                             f"expression ({g.sql})")
+                    failures.setdefault(row, reason.replace("{failure}", _FAILURES[code], 1))
             batch = pa.RecordBatch.from_arrays(columns, schema=batch.schema)
         if self._checked_rules:
             out = _run(self._ctx, batch, self._checked)

@@ -64,8 +64,10 @@ FEATURES: tuple[Feature, ...] = (
             "appends are plain commits; on a table whose commits go through Delta Kernel the checkpoints are V2 "
             "ones from kernel, elsewhere delta-rs's checkpoint is turned off on such a table (its classic checkpoint "
             "would not follow the V2 spec) and Spark's own writes and OPTIMIZE make them"),
-    Feature("allowColumnDefaults", False, False,
-            "a column's DEFAULT must fill rows that lack it, and delta-rs 1.6.6 refuses to commit to such a table"),
+    Feature("allowColumnDefaults", False, True,
+            "a top-level column the query does not give gets its DEFAULT, computed on the executors by the "
+            "expression engine of generated columns (an expression outside its subset is refused at start); a "
+            "column the query gives keeps its values, nulls included; the commit is made by Delta Kernel"),
     Feature("identityColumns", False, False,
             "identity values and the column's high-water mark would have to be assigned in the commit; delta-rs "
             "1.6.6 refuses to commit to such a table"),
@@ -112,7 +114,7 @@ _LEGACY_WRITER = ((2, ("appendOnly", "invariants")), (3, ("checkConstraints",)),
 
 #: Features only Delta Kernel commits with (delta-rs 1.6.6 refuses a table that has one): a table with any of
 #: them gets its epochs' commits from kernel (:attr:`TableRules.kernel`).
-KERNEL_FEATURES = frozenset({"rowTracking", "clustering", "inCommitTimestamp", "domainMetadata"})
+KERNEL_FEATURES = frozenset({"rowTracking", "clustering", "inCommitTimestamp", "domainMetadata", "allowColumnDefaults"})
 
 #: Spark keeps a CHAR(n) / VARCHAR(n) column as a string with this metadata.
 _CHAR_VARCHAR = "__CHAR_VARCHAR_TYPE_STRING"
@@ -143,6 +145,14 @@ class GeneratedColumn:
 
 
 @dataclass(frozen=True)
+class ColumnDefault:
+    """A top-level column's DEFAULT (its ``CURRENT_DEFAULT`` SQL), for rows that do not give the column."""
+
+    column: str
+    sql: str
+
+
+@dataclass(frozen=True)
 class TableRules:
     """What each task must do to the rows of one table: worked out on the driver, applied on executors.
 
@@ -152,6 +162,7 @@ class TableRules:
         generated: the table's generated columns.
         not_null: paths of the columns (``a`` or ``a.b`` for a struct's field) declared NOT NULL.
         checkpoint: whether a checkpoint may follow a commit (not delta-rs's on v2Checkpoint tables).
+        defaults: the table's column defaults (``allowColumnDefaults``).
         kernel: the table has a feature only Delta Kernel commits with (:data:`KERNEL_FEATURES`): the epoch's
             commit goes through kernel, and mergeSchema (a delta-rs schema commit) is refused.
         lengths: (column, n) of the top-level VARCHAR(n) and CHAR(n) columns: Spark's writer refuses a
@@ -165,11 +176,12 @@ class TableRules:
     checkpoint: bool = True
     lengths: tuple[tuple[str, int], ...] = ()
     kernel: bool = False
+    defaults: tuple[ColumnDefault, ...] = ()
 
     @property
     def rows_checked(self) -> bool:
-        """True when rows must pass through constraints, generated columns, lengths or NOT NULL checks."""
-        return bool(self.constraints or self.generated or self.not_null or self.lengths)
+        """True when rows must pass through constraints, generated or defaulted columns, lengths or NOT NULL."""
+        return bool(self.constraints or self.generated or self.not_null or self.lengths or self.defaults)
 
 
 def table_features(min_reader: int, min_writer: int, reader_features: list[str] | None,
@@ -270,8 +282,10 @@ def write_rules(table: str, role: str, min_reader: int, min_writer: int, reader_
                                        "does not evaluate")
         if any(k.startswith("delta.identity.") for k in metadata):
             raise refuse("identityColumns", f"column '{path}' is an identity column; " + _BY_NAME["identityColumns"].how)
-        if "CURRENT_DEFAULT" in metadata:
-            raise refuse("allowColumnDefaults", f"column '{path}' has a DEFAULT")
+        if "CURRENT_DEFAULT" in metadata and ("allowColumnDefaults" not in named or "." in path):
+            raise refuse("allowColumnDefaults", f"column '{path}' has a DEFAULT" + (
+                " inside a struct (Spark's defaults are for top-level columns)" if "." in path
+                else " but the table does not list the allowColumnDefaults feature"))
         if "__COLLATIONS" in metadata:
             raise refuse("collations-preview", f"column '{path}' has a collation")
         kind = metadata.get(_CHAR_VARCHAR)
@@ -294,9 +308,11 @@ def write_rules(table: str, role: str, min_reader: int, min_writer: int, reader_
         raise refuse("generatedColumns", f"nested field '{nested_generated[0]}' is generated")
     lengths = tuple((f["name"], int(m[2])) for f in schema.get("fields", ())
                     if (m := _LENGTH.fullmatch(f.get("metadata", {}).get(_CHAR_VARCHAR, ""))))
+    defaults = tuple(ColumnDefault(f["name"], f["metadata"]["CURRENT_DEFAULT"]) for f in schema.get("fields", ())
+                     if "CURRENT_DEFAULT" in f.get("metadata", {}))
     kernel = bool(named & KERNEL_FEATURES)
     return TableRules(mode, constraints, generated, tuple(_not_null(schema)), kernel or "v2Checkpoint" not in named,
-                      lengths, kernel)
+                      lengths, kernel, defaults)
 
 
 def rules_of(table: Any, where: str, role: str) -> TableRules:

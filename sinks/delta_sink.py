@@ -166,7 +166,7 @@ class DeltaStreamWriter(StartsWhenShipped, StreamWriter):
         from lastagent.errors import OptionError
 
         rules = store.rules(table)
-        if rules.constraints or rules.generated:
+        if rules.constraints or rules.generated or rules.defaults:
             from lastagent.sinks.delta_expressions import check_supported
 
             # The driver's start cannot see Spark's session time zone; it checks as for UTC, and a task in
@@ -177,6 +177,8 @@ class DeltaStreamWriter(StartsWhenShipped, StreamWriter):
             for g in rules.generated:
                 check_supported(g.sql, arrow, f"generated column '{g.column}' of Delta table {self.options.path}",
                                 column=g.column)
+            for d in rules.defaults:
+                check_supported(d.sql, arrow, f"DEFAULT of column '{d.column}' of Delta table {self.options.path}")
         if rules.column_mapping != "none" and self.options.merge_schema:
             raise OptionError("mergeSchema", f"Delta table {self.options.path} uses column mapping (mode "
                                              f"{rules.column_mapping}); new columns would need physical names and ids, "
@@ -184,8 +186,8 @@ class DeltaStreamWriter(StartsWhenShipped, StreamWriter):
                                              "COLUMNS and drop mergeSchema")
         if not self.options.transformer:
             given = {f["name"] for f in json.loads(self.query_schema_json)["fields"]}
-            generated = {g.column for g in rules.generated}
-            missing = [c for c in rules.not_null if "." not in c and c not in given and c not in generated]
+            filled = {g.column for g in rules.generated} | {d.column for d in rules.defaults}
+            missing = [c for c in rules.not_null if "." not in c and c not in given and c not in filled]
             if missing:
                 raise schema_error(self.options.path, [f"column '{c}' is NOT NULL in the table and the query does "
                                                        "not give it" for c in missing])

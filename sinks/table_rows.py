@@ -55,10 +55,11 @@ class RowChecker:
     def __init__(self, rules: TableRules, schema: pa.Schema, provided: Collection[str], time_zone: str) -> None:
         self.rules = rules
         self.expressions = None
-        if rules.constraints or rules.generated:
+        if rules.constraints or rules.generated or rules.defaults:
             from lastagent.sinks.delta_expressions import RowRules
 
-            self.expressions = RowRules(rules.constraints, rules.generated, schema, provided, time_zone=time_zone)
+            self.expressions = RowRules(rules.constraints, rules.generated, schema, provided, time_zone=time_zone,
+                                        defaults=rules.defaults)
 
     def apply(self, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, list[Failure]]:
         """The batch's rows that keep every rule (generated columns filled) and the ones that break one.
@@ -76,7 +77,7 @@ class RowChecker:
         # computed, then CHAR/VARCHAR lengths, NOT NULL, the CHECK constraints; the dead letter names the first.
         reasons = [(index, _reason(text, self.rules), text) for index, text in broken]
         for index, reason, text in reasons:
-            if reason.startswith("generated-column:"):
+            if reason.startswith(("generated-column:", "column-default:")):
                 failed.setdefault(index, RuleViolation(reason, text))
         for column, limit in self.rules.lengths:
             longer = pc.greater(pc.utf8_length(checked.column(column)), limit)
@@ -104,6 +105,9 @@ def _reason(text: str, rules: TableRules) -> str:
     for g in rules.generated:
         if text.startswith(f"generated column {g.column}:"):
             return f"generated-column:{g.column}"
+    for d in rules.defaults:
+        if text.startswith(f"DEFAULT of column {d.column}:"):
+            return f"column-default:{d.column}"
     for c in rules.constraints:
         if text.startswith((f"CHECK constraint {c.name}:", f"CHECK constraint {c.name} (")):
             return f"check-constraint:{c.name}"

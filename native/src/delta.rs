@@ -274,6 +274,8 @@ pub fn delta_commit_epoch(
         let mut txn = builder
             .build(engine.as_ref(), Box::new(FileSystemCommitter::new()))
             .map_err(|e| format!("Delta Kernel will not write to {url}: {e}"))?;
+        // The executors filled every column the rows lacked with its DEFAULT (lastagent.sinks.table_rows).
+        txn.ack_column_defaults();
         if !adds.is_empty() {
             let stats_schema = txn.stats_schema().map_err(|e| e.to_string())?;
             txn.add_files(add_rows(&engine, &adds, stats_schema)?);

@@ -83,6 +83,11 @@ WRITTEN = {
                           [], ["id", "amount", "name"]),
     "in-commit timestamps": ("CREATE TABLE {t} (id BIGINT, amount INT, name STRING) USING delta "
                              "TBLPROPERTIES ('delta.enableInCommitTimestamps'='true')", [], ["id", "amount", "name"]),
+    # Spark's writer fills a column the rows lack with its DEFAULT (cast to the column's type), keeps one they give.
+    "column defaults": ("CREATE TABLE {t} (id BIGINT, amount INT DEFAULT 7, name STRING DEFAULT 'n/a', "
+                        "note STRING DEFAULT concat('a', 'b'), level BIGINT NOT NULL DEFAULT 3, part STRING) USING delta "
+                        "TBLPROPERTIES ('delta.feature.allowColumnDefaults'='supported')", [],
+                        ["id", "IF(id = 4, NULL, name) AS name", "part"]),
     "what Delta gives a new table: deletion vectors, row tracking, in-commit timestamps, clustering, v2 checkpoints": (
         "CREATE TABLE {t} (id BIGINT, amount INT, name STRING, part STRING) USING delta CLUSTER BY (id) "
         "TBLPROPERTIES ('delta.enableDeletionVectors'='true', 'delta.enableRowTracking'='true', "
@@ -231,8 +236,6 @@ def test_without_a_dead_letter_target_the_epoch_fails_naming_the_constraint(spar
 REFUSED = {
     "identity column": ("CREATE TABLE {t} (id BIGINT GENERATED ALWAYS AS IDENTITY, amount INT) USING delta", [],
                         "identityColumns"),
-    "column defaults": ("CREATE TABLE {t} (id BIGINT, amount INT DEFAULT 7) USING delta "
-                        "TBLPROPERTIES ('delta.feature.allowColumnDefaults'='supported')", [], "allowColumnDefaults"),
     "type widening": ("CREATE TABLE {t} (id BIGINT, amount INT) USING delta "
                       "TBLPROPERTIES ('delta.enableTypeWidening'='true')", [], "typeWidening"),
     "uniform": ("CREATE TABLE {t} (id BIGINT, amount INT) USING delta TBLPROPERTIES "

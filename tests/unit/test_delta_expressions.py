@@ -314,3 +314,26 @@ def test_generated_expressions_with_repeated_terms_are_refused_when_they_can_fai
     check_supported("(flag OR amount + 1 > 0) AND (flag OR other + 1 > 0)", SCHEMA, "c")
     check_supported("CASE WHEN (flag OR amount > 0) AND (flag OR other > 0) THEN 1 ELSE 0 END", SCHEMA, "g",
                     column="other")
+
+
+def test_a_default_fills_only_the_column_the_rows_lack_cast_to_its_type():
+    """Spark's delta writer fills a missing column's DEFAULT (cast to the column's type: an INT literal in a BIGINT
+    column); a column the rows give keeps its values, nulls included."""
+    from lastagent.sinks.delta_features import ColumnDefault
+
+    defaults = [ColumnDefault("big", "3"), ColumnDefault("Name", "concat('n', '/a')"), ColumnDefault("amount", "7")]
+    rules = RowRules([], [], SCHEMA, provided={"id", "amount"}, defaults=defaults)
+    out, failed = rules.apply(batch(id=[1, 2], amount=[5, None]))
+    assert failed == []
+    assert out.column("big").to_pylist() == [3, 3] and out.column("big").type == pa.int64()
+    assert out.column("Name").to_pylist() == ["n/a", "n/a"]
+    assert out.column("amount").to_pylist() == [5, None]  # given: kept as given
+
+
+def test_a_default_outside_the_subset_is_refused_at_start_naming_the_column():
+    from lastagent.sinks.delta_features import ColumnDefault
+
+    with pytest.raises(UnsupportedExpressionError, match=r"DEFAULT of column 'ts'"):
+        check_supported("current_timestamp()", SCHEMA, "DEFAULT of column 'ts' of Delta table /t")
+    with pytest.raises(UnsupportedExpressionError, match=r"DEFAULT of column 'ts'"):
+        RowRules([], [], SCHEMA, provided={"id"}, defaults=[ColumnDefault("ts", "current_timestamp()")])

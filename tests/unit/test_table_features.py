@@ -167,6 +167,17 @@ def test_a_feature_only_kernel_commits_with_sends_the_commits_through_kernel(fea
     assert _rules(3, 7, ["v2Checkpoint"], ["v2Checkpoint"]) == TableRules(checkpoint=False)
 
 
+def test_column_defaults_are_rules_committed_by_kernel_nested_ones_refused():
+    from lastagent.sinks.delta_features import ColumnDefault
+
+    schema = _schema(_field("id"), _field("amount", CURRENT_DEFAULT="7"))
+    assert _rules(1, 7, None, ["allowColumnDefaults"], schema=schema) == TableRules(
+        kernel=True, defaults=(ColumnDefault("amount", "7"),))
+    nested = _schema(_field("s", {"type": "struct", "fields": [_field("a", CURRENT_DEFAULT="1")]}))
+    with pytest.raises(UnsupportedTableFeatureError, match=r"column 's.a' has a DEFAULT inside a struct"):
+        _rules(1, 7, None, ["allowColumnDefaults"], schema=nested)
+
+
 def test_lastagents_own_tables_with_a_kernel_feature_are_refused_by_name():
     """The dead-letter and arbitration tables are written by delta-rs: row tracking there is refused, naming it."""
     from types import SimpleNamespace
