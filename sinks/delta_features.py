@@ -89,9 +89,10 @@ FEATURES: tuple[Feature, ...] = (
     Feature("icebergCompatV2", False, False,
             "UniForm requires Iceberg metadata conversion after each commit, which only Spark's writer does"),
     Feature("icebergWriterCompatV1", False, False, "as icebergCompatV2 (UniForm)"),
-    Feature("typeWidening", True, False,
-            "delta-rs 1.6.6 refuses to commit to such a table; a widened column's type history lives in its metadata"),
-    Feature("typeWidening-preview", True, False, "as typeWidening"),
+    Feature("typeWidening", True, True,
+            "files are written in each column's current type (a widened column's old files keep theirs, as the "
+            "protocol says; its type history stays in the column's metadata); the commit is made by Delta Kernel"),
+    Feature("typeWidening-preview", True, True, "as typeWidening"),
     Feature("variantType", True, True,
             "the feature alone needs nothing of an appender; a table with a VARIANT column is refused, since the sink "
             "does not write the Variant encoding"),
@@ -114,7 +115,8 @@ _LEGACY_WRITER = ((2, ("appendOnly", "invariants")), (3, ("checkConstraints",)),
 
 #: Features only Delta Kernel commits with (delta-rs 1.6.6 refuses a table that has one): a table with any of
 #: them gets its epochs' commits from kernel (:attr:`TableRules.kernel`).
-KERNEL_FEATURES = frozenset({"rowTracking", "clustering", "inCommitTimestamp", "domainMetadata", "allowColumnDefaults"})
+KERNEL_FEATURES = frozenset({"rowTracking", "clustering", "inCommitTimestamp", "domainMetadata", "allowColumnDefaults",
+                             "typeWidening", "typeWidening-preview"})
 
 #: Spark keeps a CHAR(n) / VARCHAR(n) column as a string with this metadata.
 _CHAR_VARCHAR = "__CHAR_VARCHAR_TYPE_STRING"
