@@ -114,9 +114,10 @@ _LEGACY_WRITER = ((2, ("appendOnly", "invariants")), (3, ("checkConstraints",)),
                   (4, ("changeDataFeed", "generatedColumns")), (5, ("columnMapping",)), (6, ("identityColumns",)))
 
 #: Features only Delta Kernel commits with (delta-rs 1.6.6 refuses a table that has one): a table with any of
-#: them gets its epochs' commits from kernel (:attr:`TableRules.kernel`).
-KERNEL_FEATURES = frozenset({"rowTracking", "clustering", "inCommitTimestamp", "domainMetadata", "allowColumnDefaults",
-                             "typeWidening", "typeWidening-preview"})
+#: them gets its epochs' commits from kernel (:attr:`TableRules.kernel`). In the order errors name them (domain
+#: metadata comes with the first two, so it is named last).
+KERNEL_FEATURES = ("rowTracking", "clustering", "inCommitTimestamp", "allowColumnDefaults", "typeWidening",
+                   "typeWidening-preview", "domainMetadata")
 
 #: Spark keeps a CHAR(n) / VARCHAR(n) column as a string with this metadata.
 _CHAR_VARCHAR = "__CHAR_VARCHAR_TYPE_STRING"
@@ -312,9 +313,13 @@ def write_rules(table: str, role: str, min_reader: int, min_writer: int, reader_
                     if (m := _LENGTH.fullmatch(f.get("metadata", {}).get(_CHAR_VARCHAR, ""))))
     defaults = tuple(ColumnDefault(f["name"], f["metadata"]["CURRENT_DEFAULT"]) for f in schema.get("fields", ())
                      if "CURRENT_DEFAULT" in f.get("metadata", {}))
-    kernel = bool(named & KERNEL_FEATURES)
-    return TableRules(mode, constraints, generated, tuple(_not_null(schema)), kernel or "v2Checkpoint" not in named,
-                      lengths, kernel, defaults)
+    kernel = _kernel_feature(named)
+    if kernel and (constraints or generated):
+        found = "checkConstraints" if constraints else "generatedColumns"
+        raise refuse(found, f"the table also has {kernel}, whose commits lastagent makes through "
+                            f"Delta Kernel, and Delta Kernel 0.30.1 refuses to write to a table with {found}")
+    return TableRules(mode, constraints, generated, tuple(_not_null(schema)),
+                      bool(kernel) or "v2Checkpoint" not in named, lengths, bool(kernel), defaults)
 
 
 def rules_of(table: Any, where: str, role: str) -> TableRules:
@@ -339,7 +344,7 @@ def require_plain(table: Any, where: str, role: str, nullable: bool = True) -> N
     """
     rules = rules_of(table, where, role)
     if rules.kernel:  # lastagent's own tables are written by delta-rs, which cannot commit with these
-        raise UnsupportedTableFeatureError(min(KERNEL_FEATURES & _named(table)), where, role,
+        raise UnsupportedTableFeatureError(_kernel_feature(_named(table)) or "", where, role,
                                            f"lastagent writes the {role} with delta-rs 1.6.6, which cannot commit to "
                                            "such a table; give it a path of its own and lastagent creates it")
     found = ("columnMapping" if rules.column_mapping != "none" else "checkConstraints" if rules.constraints
@@ -348,6 +353,11 @@ def require_plain(table: Any, where: str, role: str, nullable: bool = True) -> N
     if found is not None:
         raise UnsupportedTableFeatureError(found, where, role, f"the {role} holds lastagent's own rows, written "
                                                                "as lastagent creates the table; give it a path of its own")
+
+
+def _kernel_feature(named: set[str]) -> str | None:
+    """The first of :data:`KERNEL_FEATURES` the table has, if any."""
+    return next((f for f in KERNEL_FEATURES if f in named), None)
 
 
 def _named(table: Any) -> set[str]:

@@ -63,14 +63,38 @@ def test_killed_at_every_point_in_turn_and_restarted_is_exactly_once(session, sp
 
     The table is one users make with Spark SQL: column mapping (every column stored under a physical
     name), a NOT NULL column, a CHECK constraint and a generated column (docs/delta.md)."""
-    conf = support.SESSIONS[session]
-    side = new_topic(partitions=2)
-    link = f"chaos-d-{uuid.uuid4().hex[:8]}"
-    table, dead = str(tmp_path / "orders"), str(tmp_path / "dead-letters")
+    table = str(tmp_path / "orders")
     spark.sql(f"CREATE TABLE delta.`{table}` (key STRING NOT NULL, value BINARY, topic STRING, partition INT, "
               "offset BIGINT, amount BIGINT, doubled BIGINT GENERATED ALWAYS AS (amount * 2)) USING delta "
               "TBLPROPERTIES ('delta.columnMapping.mode'='name')")
     spark.sql(f"ALTER TABLE delta.`{table}` ADD CONSTRAINT orders_only CHECK (amount >= 1000)")
+    _kill_at_every_point_in_turn(spark, kafka_bootstrap, new_topic, orders, tmp_path, table, support.SESSIONS[session])
+    assert all(r.doubled == 2 * r.amount for r in spark.read.format("delta").load(table).collect())
+
+
+def test_killed_at_every_point_on_a_table_with_row_tracking_clustering_and_in_commit_timestamps(
+        spark, kafka_bootstrap, new_topic, orders, tmp_path):
+    """The same history on a table with what Delta gives a new table (deletion vectors, row tracking, in-commit
+    timestamps, liquid clustering), whose commits go through Delta Kernel: besides every record once, every row
+    has its own row id and the in-commit timestamps rise with each version."""
+    table = str(tmp_path / "orders")
+    spark.sql(f"CREATE TABLE delta.`{table}` (key STRING NOT NULL, value BINARY, topic STRING, partition INT, "
+              "offset BIGINT, amount BIGINT) USING delta CLUSTER BY (amount) TBLPROPERTIES "
+              "('delta.enableDeletionVectors'='true', 'delta.enableRowTracking'='true', "
+              "'delta.enableInCommitTimestamps'='true')")
+    _kill_at_every_point_in_turn(spark, kafka_bootstrap, new_topic, orders, tmp_path, table,
+                                 support.SESSIONS["daemon-off"])
+    ids = spark.read.format("delta").load(table).select("_metadata.row_id").collect()
+    assert len({r.row_id for r in ids}) == len(ids) == ROWS - len(POISON)
+    stamps = [json.loads(f.read_text().splitlines()[0])["commitInfo"]["inCommitTimestamp"]
+              for f in sorted(Path(table, "_delta_log").glob("*.json"))]
+    assert stamps == sorted(set(stamps))
+
+
+def _kill_at_every_point_in_turn(spark, kafka_bootstrap, new_topic, orders, tmp_path, table: str, conf) -> None:
+    side = new_topic(partitions=2)
+    link = f"chaos-d-{uuid.uuid4().hex[:8]}"
+    dead = str(tmp_path / "dead-letters")
     args = [kafka_bootstrap, orders, table, str(tmp_path / "ckpt"), link, "", side, PER_TRIGGER, dead]
     state = tmp_path / "crash"
     for point in SCHEDULE if support.FULL else SHORT_SCHEDULE:
@@ -83,7 +107,6 @@ def test_killed_at_every_point_in_turn_and_restarted_is_exactly_once(session, sp
     assert Counter(r.key for r in dead_rows) == Counter(str(i).encode() for i in POISON), "dead letters not once"
     assert {r.reason for r in dead_rows} == {"transformer-failed"}
     assert_exactly_once(spark, kafka_bootstrap, orders, table, side, link, extra_tables=[dead])
-    assert all(r.doubled == 2 * r.amount for r in spark.read.format("delta").load(table).collect())
 
 
 def test_task_killed_mid_write_is_retried_exactly_once(spark, kafka_bootstrap, new_topic, orders, tmp_path):

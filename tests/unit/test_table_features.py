@@ -178,6 +178,15 @@ def test_column_defaults_are_rules_committed_by_kernel_nested_ones_refused():
         _rules(1, 7, None, ["allowColumnDefaults"], schema=nested)
 
 
+def test_a_kernel_table_with_a_constraint_or_a_generated_column_is_refused_naming_it():
+    """Kernel 0.30.1's write gate refuses both; the start says so before anything is claimed."""
+    with pytest.raises(UnsupportedTableFeatureError, match=r"'checkConstraints'.*also has rowTracking.*Delta Kernel"):
+        _rules(1, 7, None, ["rowTracking", "domainMetadata", "checkConstraints"], {"delta.constraints.c": "id > 0"})
+    generated = _schema(_field("id"), _field("g", **{"delta.generationExpression": "id * 2"}))
+    with pytest.raises(UnsupportedTableFeatureError, match=r"'generatedColumns'.*also has inCommitTimestamp"):
+        _rules(1, 7, None, ["inCommitTimestamp", "generatedColumns"], schema=generated)
+
+
 def test_lastagents_own_tables_with_a_kernel_feature_are_refused_by_name():
     """The dead-letter and arbitration tables are written by delta-rs: row tracking there is refused, naming it."""
     from types import SimpleNamespace
@@ -189,7 +198,7 @@ def test_lastagents_own_tables_with_a_kernel_feature_are_refused_by_name():
     table = SimpleNamespace(protocol=lambda: protocol, metadata=lambda: SimpleNamespace(configuration={}),
                             schema=lambda: SimpleNamespace(to_json=lambda: _schema(_field("reason", "string"))))
     with pytest.raises(UnsupportedTableFeatureError, match=r"\(dead-letter table\) uses the table feature "
-                                                           r"'domainMetadata'.*with delta-rs 1.6.6"):
+                                                           r"'rowTracking'.*with delta-rs 1.6.6"):
         require_plain(table, "/d", "dead-letter table")
 
 

@@ -1,0 +1,111 @@
+"""Benchmark: what one epoch's Delta commit costs through Delta Kernel and through delta-rs (issue 43).
+
+The driver's decision (`TargetTableStore.decide`: read the table, check the link's ownership and txn, commit the
+epoch's files with `txn(link, epoch)` and the record naming its branches) on two tables Spark SQL makes:
+
+* `delta-rs`: a plain table (`CREATE TABLE ... USING delta`), committed by delta-rs as before;
+* `kernel`: what Delta gives a new table (deletion vectors, row tracking, in-commit timestamps, liquid clustering),
+  committed by Delta Kernel (row ids, the high-water mark, the in-commit timestamp, clustering statistics checked).
+
+Each epoch adds one file per branch (1, 4, 16 branches: one task's file and branch each), files written before the
+timed part by the sink's own file writer; the two tables take turns epoch by epoch so both see the same machine.
+Then the claim: one property commit, delta-rs's `set_table_properties` against lastagent's (kernel's storage layer),
+on two more plain tables. Every table is read back by Spark at the end and must hold every row once.
+
+Run: `cd bench && ../.venv/bin/python delta_commit_bench.py` (BENCH_EPOCHS, default 20 per branch count).
+Prints a JSON summary (medians in ms).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from lastagent import delta_kernel
+from lastagent.core.arbitration import ArbitrationRecord
+from lastagent.sinks.delta_commit import StagedEpoch, TargetTableStore
+from lastagent.sinks.delta_files import FileWriter
+from lastagent.spark_session import local_session
+
+EPOCHS = int(os.environ.get("BENCH_EPOCHS", "20"))
+BRANCHES = (1, 4, 16)
+ROWS_PER_FILE = 1000
+WORK = tempfile.mkdtemp(prefix="lastagent-bench-delta-commit-")
+TABLES = {
+    "delta-rs": "CREATE TABLE delta.`{p}` (id BIGINT, amount BIGINT) USING delta",
+    "kernel": ("CREATE TABLE delta.`{p}` (id BIGINT, amount BIGINT) USING delta CLUSTER BY (amount) TBLPROPERTIES "
+               "('delta.enableDeletionVectors'='true', 'delta.enableRowTracking'='true', "
+               "'delta.enableInCommitTimestamps'='true')"),
+}
+
+
+def staged(path: str, link: str, epoch: int, branches: int, first_id: int, rules) -> StagedEpoch:
+    adds = []
+    for task in range(branches):
+        writer = FileWriter(path, link, 1, epoch, task, 0)
+        ids = pa.array(range(first_id + task * ROWS_PER_FILE, first_id + (task + 1) * ROWS_PER_FILE), pa.int64())
+        writer.write(pa.record_batch([ids, pc.multiply(ids, 3)], names=["id", "amount"]))
+        adds.extend(writer.close())
+    return StagedEpoch(tuple(adds), None, tuple((t, 0) for t in range(branches)), (), rules)
+
+
+def main() -> None:
+    spark = local_session("bench-delta-commit")
+    paths = {name: f"{WORK}/{name}" for name in TABLES}
+    for name, ddl in TABLES.items():
+        spark.sql(ddl.format(p=paths[name]))
+    stores = {name: TargetTableStore(p) for name, p in paths.items()}
+    ms: dict[str, dict[int, list[float]]] = {name: {n: [] for n in BRANCHES} for name in TABLES}
+    link, epoch, rows = "bench", 0, 0
+    for name, store in stores.items():  # first-run ownership: generation 0 of a table that has no owner
+        assert store.ownership(link) is None, name
+    for branches in BRANCHES:
+        for _ in range(EPOCHS):
+            order = list(TABLES) if epoch % 2 == 0 else list(reversed(TABLES))
+            for name in order:
+                store = stores[name]
+                epoch_files = staged(paths[name], link, epoch, branches, rows, store.rules(store.table()))
+                record = ArbitrationRecord(link, epoch, f"g-{epoch}", tuple(f'{{"b": {b}}}' for b in range(branches)))
+                start = time.perf_counter()
+                assert store.decide(record, 0, epoch_files).won
+                ms[name][branches].append((time.perf_counter() - start) * 1000)
+            rows += branches * ROWS_PER_FILE
+            epoch += 1
+    for name, p in paths.items():
+        assert spark.read.format("delta").load(p).distinct().count() == rows, name
+    claims: dict[str, list[float]] = {"delta-rs": [], "kernel": []}
+    for name, took in claims.items():
+        p = f"{WORK}/claim-{name}"
+        spark.sql(TABLES["delta-rs"].format(p=p))
+        for i in range(EPOCHS):
+            table = DeltaTable(p)
+            start = time.perf_counter()
+            if name == "delta-rs":
+                table.alter.set_table_properties({"lastagent.bench": str(i)}, raise_if_not_exists=False)
+            else:
+                delta_kernel.set_properties(table.table_uri, None, table.version(), {"lastagent.bench": str(i)}, "a claim")
+            took.append((time.perf_counter() - start) * 1000)
+    summary = {
+        "epochs_per_branch_count": EPOCHS, "rows_per_file": ROWS_PER_FILE,
+        "decide_ms_median": {name: {n: round(statistics.median(v), 1) for n, v in by.items()} for name, by in ms.items()},
+        "decide_ms_p90": {name: {n: round(statistics.quantiles(v, n=10)[-1], 1) for n, v in by.items()}
+                          for name, by in ms.items()},
+        "kernel_over_delta_rs": {n: round(statistics.median(ms["kernel"][n]) / statistics.median(ms["delta-rs"][n]), 2)
+                                 for n in BRANCHES},
+        "claim_ms_median": {name: round(statistics.median(v), 1) for name, v in claims.items()},
+    }
+    print(json.dumps(summary, indent=2))
+    spark.stop()
+    shutil.rmtree(WORK, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
