@@ -346,6 +346,9 @@ class TargetTableStore:
         metadata = {"lastagent.link": record.link, "lastagent.epoch": str(record.epoch),
                     "lastagent.gxid": record.gxid, "lastagent.branches": json.dumps(list(record.branches)),
                     "lastagent.attempts": json.dumps([list(a) for a in staged.attempts]),
+                    # Whose files these are: a killed run's files of the same epoch and task attempt differ only in
+                    # the generation their names carry (sweep).
+                    "lastagent.generation": str(generation),
                     "lastagent.confirmed_through": str(record.confirmed_through)}
         # What Spark's DESCRIBE HISTORY shows: ids and counts only, never payload or secrets.
         metadata["userMetadata"] = decision_metadata(record, files=len(staged.adds))
@@ -610,9 +613,11 @@ class TargetTableStore:
         """The newest ``last`` decisions' figures, from the commits' ``userMetadata`` (newest first)."""
         return figures_in_history(self._commits(), link, last) if last > 0 else []
 
-    def attempts(self, link: str) -> dict[int, set[tuple[int, int]]]:
-        """Per decided epoch still in history: the task attempts whose files it committed."""
-        return {int(c["lastagent.epoch"]): {tuple(a) for a in json.loads(c.get("lastagent.attempts", "[]"))}
+    def attempts(self, link: str) -> dict[int, tuple[int | None, set[tuple[int, int]]]]:
+        """Per decided epoch still in history: the generation whose files it committed (None in a commit older than
+        the key) and the task attempts."""
+        return {int(c["lastagent.epoch"]): (int(c["lastagent.generation"]) if "lastagent.generation" in c else None,
+                                            {tuple(a) for a in json.loads(c.get("lastagent.attempts", "[]"))})
                 for c in self._commits() if c["lastagent.link"] == link}
 
     def get(self, link: str, epoch: int, table: Any = None) -> ArbitrationRecord | None:
@@ -678,7 +683,7 @@ class TargetTableStore:
         return removed
 
     def _sweep(self, where: Location, link: str, decided_through: int, through_generation: int,
-               attempts: dict[int, set[tuple[int, int]]]) -> int:
+               attempts: dict[int, tuple[int | None, set[tuple[int, int]]]]) -> int:
         from pyarrow import fs as pafs
 
         path = where.given
@@ -696,9 +701,12 @@ class TargetTableStore:
             named = delta_files.parse_file_name(info.base_name)
             if named is None or named[0] != link or named[1] > through_generation:
                 continue
-            _, _, epoch, partition, attempt = named
-            orphan = epoch > decided_through or (
-                epoch >= oldest_known and epoch in attempts and (partition, attempt) not in attempts[epoch])
+            _, generation, epoch, partition, attempt = named
+            decided_by, committed = attempts.get(epoch, (None, None))
+            # Not committed: an epoch no decision covers yet, or a decided one whose decision lists other files
+            # (another task attempt, or the same attempt of another run: each killed run rewrites the epoch).
+            orphan = epoch > decided_through or (epoch >= oldest_known and committed is not None and (
+                (partition, attempt) not in committed or decided_by not in (None, generation)))
             if orphan:
                 filesystem.delete_file(info.path)
                 removed += 1

@@ -308,6 +308,41 @@ def test_partition_column_not_in_the_query_is_refused_at_start(spark, source, tm
     assert not (tmp_path / "out").exists()  # refused before anything was created
 
 
+def test_files_of_every_killed_run_of_a_decided_epoch_are_swept(tmp_path):
+    """Two runs were killed writing epoch 14, each with files of the same task attempts (partition 0 and 1,
+    attempt 0) as the third run, which then decided the epoch: its sweep removes the killed runs' files however many there
+    were, and keeps its own (the decision names the generation whose files it committed). Found on an S3 server
+    after five kills: the killed runs' files had stayed, looking like the decided attempts'."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    from lastagent.core.arbitration import ArbitrationRecord
+    from lastagent.sinks.delta_commit import StagedEpoch, TargetTableStore
+    from lastagent.sinks.delta_files import FileWriter
+
+    schema = '{"type":"struct","fields":[{"name":"id","type":"long","nullable":true,"metadata":{}}]}'
+    table = str(tmp_path / "t")
+    store = TargetTableStore(table, fallback_schema_json=schema)
+    generations = [store.claim("l", "q", run=run).generation for run in ("r1", "r2", "r3")]
+
+    def files(generation: int) -> list[dict]:
+        adds = []
+        for partition in (0, 1):
+            writer = FileWriter(table, "l", generation, 14, partition, 0)
+            writer.write(pa.record_batch([pa.array([partition], pa.int64())], names=["id"]))
+            adds.extend(writer.close())
+        return adds
+
+    killed = files(generations[0]) + files(generations[1])
+    decided = files(generations[2])
+    staged = StagedEpoch(tuple(decided), schema, ((0, 0), (1, 0)))
+    assert store.decide(ArbitrationRecord("l", 14, "g", ()), generations[2], staged).won
+    assert store.sweep("l", 14, generations[2]) == len(killed) == 4
+    on_disk = sorted(p.name for p in Path(table).glob("*.parquet"))
+    assert on_disk == sorted(Path(a["path"]).name for a in decided)
+    assert sorted(Path(p).name for p in DeltaTable(table).file_uris()) == on_disk
+
+
 def test_racing_deciders_on_the_target_table_one_wins_and_the_loser_drops_its_files(tmp_path):
     """Two deciders of one epoch with files of their own: one commit stands; the other's files are deleted."""
     import pyarrow as pa
