@@ -4,6 +4,8 @@ The driver's decision (`TargetTableStore.decide`: read the table, check the link
 epoch's files with `txn(link, epoch)` and the record naming its branches) on two tables Spark SQL makes:
 
 * `delta-rs`: a plain table (`CREATE TABLE ... USING delta`), committed by delta-rs as before;
+* `kernel-plain`: the same plain table committed by Delta Kernel (the sink sends it to delta-rs; here a store
+  forced to kernel), the two libraries on the same work;
 * `kernel`: what Delta gives a new table (deletion vectors, row tracking, in-commit timestamps, liquid clustering),
   committed by Delta Kernel (row ids, the high-water mark, the in-commit timestamp, clustering statistics checked).
 
@@ -24,6 +26,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -39,12 +42,21 @@ EPOCHS = int(os.environ.get("BENCH_EPOCHS", "20"))
 BRANCHES = (1, 4, 16)
 ROWS_PER_FILE = 1000
 WORK = tempfile.mkdtemp(prefix="lastagent-bench-delta-commit-")
+PLAIN = "CREATE TABLE delta.`{p}` (id BIGINT, amount BIGINT) USING delta"
 TABLES = {
-    "delta-rs": "CREATE TABLE delta.`{p}` (id BIGINT, amount BIGINT) USING delta",
+    "delta-rs": PLAIN,
+    "kernel-plain": PLAIN,
     "kernel": ("CREATE TABLE delta.`{p}` (id BIGINT, amount BIGINT) USING delta CLUSTER BY (amount) TBLPROPERTIES "
                "('delta.enableDeletionVectors'='true', 'delta.enableRowTracking'='true', "
                "'delta.enableInCommitTimestamps'='true')"),
 }
+
+
+class KernelStore(TargetTableStore):
+    """The target table's store with every commit through Delta Kernel (the sink uses kernel where delta-rs cannot)."""
+
+    def rules(self, table):
+        return replace(super().rules(table), kernel=True, checkpoint=True)
 
 
 def staged(path: str, link: str, epoch: int, branches: int, first_id: int, rules) -> StagedEpoch:
@@ -62,14 +74,14 @@ def main() -> None:
     paths = {name: f"{WORK}/{name}" for name in TABLES}
     for name, ddl in TABLES.items():
         spark.sql(ddl.format(p=paths[name]))
-    stores = {name: TargetTableStore(p) for name, p in paths.items()}
+    stores = {name: (KernelStore if name == "kernel-plain" else TargetTableStore)(p) for name, p in paths.items()}
     ms: dict[str, dict[int, list[float]]] = {name: {n: [] for n in BRANCHES} for name in TABLES}
     link, epoch, rows = "bench", 0, 0
     for name, store in stores.items():  # first-run ownership: generation 0 of a table that has no owner
         assert store.ownership(link) is None, name
     for branches in BRANCHES:
         for _ in range(EPOCHS):
-            order = list(TABLES) if epoch % 2 == 0 else list(reversed(TABLES))
+            order = list(TABLES)[epoch % len(TABLES):] + list(TABLES)[:epoch % len(TABLES)]
             for name in order:
                 store = stores[name]
                 epoch_files = staged(paths[name], link, epoch, branches, rows, store.rules(store.table()))
@@ -81,25 +93,26 @@ def main() -> None:
             epoch += 1
     for name, p in paths.items():
         assert spark.read.format("delta").load(p).distinct().count() == rows, name
-    claims: dict[str, list[float]] = {"delta-rs": [], "kernel": []}
+    claims: dict[str, list[float]] = {"delta-rs": [], "kernel": []}  # both on plain tables
     for name, took in claims.items():
         p = f"{WORK}/claim-{name}"
-        spark.sql(TABLES["delta-rs"].format(p=p))
+        spark.sql(PLAIN.format(p=p))
         for i in range(EPOCHS):
             table = DeltaTable(p)
             start = time.perf_counter()
             if name == "delta-rs":
                 table.alter.set_table_properties({"lastagent.bench": str(i)}, raise_if_not_exists=False)
             else:
-                delta_kernel.set_properties(table.table_uri, None, table.version(), {"lastagent.bench": str(i)}, "a claim")
+                delta_kernel.set_properties(table.table_uri, None, table.version(), table.metadata().id,
+                                            {"lastagent.bench": str(i)}, "a claim")
             took.append((time.perf_counter() - start) * 1000)
     summary = {
         "epochs_per_branch_count": EPOCHS, "rows_per_file": ROWS_PER_FILE,
         "decide_ms_median": {name: {n: round(statistics.median(v), 1) for n, v in by.items()} for name, by in ms.items()},
         "decide_ms_p90": {name: {n: round(statistics.quantiles(v, n=10)[-1], 1) for n, v in by.items()}
                           for name, by in ms.items()},
-        "kernel_over_delta_rs": {n: round(statistics.median(ms["kernel"][n]) / statistics.median(ms["delta-rs"][n]), 2)
-                                 for n in BRANCHES},
+        "over_delta_rs": {name: {n: round(statistics.median(ms[name][n]) / statistics.median(ms["delta-rs"][n]), 2)
+                                 for n in BRANCHES} for name in ("kernel-plain", "kernel")},
         "claim_ms_median": {name: round(statistics.median(v), 1) for name, v in claims.items()},
     }
     print(json.dumps(summary, indent=2))

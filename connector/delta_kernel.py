@@ -35,9 +35,11 @@ def _outcome(outcome: tuple[str, int], what: str, where: str) -> int:
     return version
 
 
-def set_properties(uri: str, storage: Mapping[str, str] | None, read_version: int, properties: Mapping[str, str],
-                   what: str) -> int:
+def set_properties(uri: str, storage: Mapping[str, str] | None, read_version: int, table_id: str,
+                   properties: Mapping[str, str], what: str) -> int:
     """Sets ``properties`` on top of ``read_version``, changing nothing else of the table. Driver.
+
+    ``table_id`` is the table's id as read (its metaData): kernel refuses a table dropped and made again since.
 
     Returns:
         The version committed.
@@ -48,14 +50,16 @@ def set_properties(uri: str, storage: Mapping[str, str] | None, read_version: in
     """
     native = _native()
     try:
-        outcome = native.delta_set_properties(uri, dict(storage or {}), read_version, sorted(properties.items()))
+        outcome = native.delta_set_properties(uri, dict(storage or {}), read_version, table_id,
+                                              sorted(properties.items()))
     except native.DeltaKernelError as exc:
         raise ArbitrationError(f"cannot record {what} in Delta table {uri}: {exc}") from exc
     return _outcome(outcome, what, uri)
 
 
-def commit_epoch(uri: str, storage: Mapping[str, str] | None, read_version: int, adds: Sequence[Mapping[str, Any]],
-                 app_id: str, app_version: int, commit_info: Mapping[str, str], epoch: int) -> int:
+def commit_epoch(uri: str, storage: Mapping[str, str] | None, read_version: int, table_id: str,
+                 adds: Sequence[Mapping[str, Any]], app_id: str, app_version: int, commit_info: Mapping[str, str],
+                 epoch: int) -> int:
     """Commits an epoch's files with ``txn(app_id, app_version)`` and ``commit_info`` on ``read_version``. Driver.
 
     The operation is Spark's streaming append (``STREAMING UPDATE``, outputMode Append, the epoch).
@@ -69,7 +73,7 @@ def commit_epoch(uri: str, storage: Mapping[str, str] | None, read_version: int,
     """
     native = _native()
     try:
-        outcome = native.delta_commit_epoch(uri, dict(storage or {}), read_version, [json.dumps(a) for a in adds],
+        outcome = native.delta_commit_epoch(uri, dict(storage or {}), read_version, table_id, [json.dumps(a) for a in adds],
                                             app_id, app_version, sorted(commit_info.items()),
                                             [("outputMode", "Append"), ("epochId", str(epoch))])
     except native.DeltaKernelError as exc:
@@ -77,7 +81,7 @@ def commit_epoch(uri: str, storage: Mapping[str, str] | None, read_version: int,
     return _outcome(outcome, f"epoch {epoch} of link {app_id!r}", uri)
 
 
-def checkpoint(uri: str, storage: Mapping[str, str] | None, version: int) -> None:
+def checkpoint(uri: str, storage: Mapping[str, str] | None, version: int, table_id: str) -> None:
     """Writes a checkpoint of ``version``, of the kind the table's features say (classic or V2). Driver.
 
     Raises:
@@ -85,6 +89,6 @@ def checkpoint(uri: str, storage: Mapping[str, str] | None, version: int) -> Non
     """
     native = _native()
     try:
-        native.delta_checkpoint(uri, dict(storage or {}), version)
+        native.delta_checkpoint(uri, dict(storage or {}), version, table_id)
     except native.DeltaKernelError as exc:
         raise ArbitrationError(f"cannot write a checkpoint of Delta table {uri} at version {version}: {exc}") from exc

@@ -320,7 +320,8 @@ class TargetTableStore:
             return
         try:
             if rules.kernel:
-                delta_kernel.checkpoint(table.table_uri, self.storage.delta_options(self._where), version)
+                delta_kernel.checkpoint(table.table_uri, self.storage.delta_options(self._where), version,
+                                        table.metadata().id)
                 return
             table.update_incremental()
             if table.version() == version:  # another writer's newer commit would get its own
@@ -396,8 +397,9 @@ class TargetTableStore:
                 elif (rules := self._same_rules(table, staged)).kernel:
                     self._fit(table, staged, rules)
                     version = delta_kernel.commit_epoch(table.table_uri, self.storage.delta_options(self._where),
-                                                        table.version(), [kernel_add(a) for a in staged.adds],
-                                                        record.link, record.epoch, metadata, record.epoch)
+                                                        table.version(), table.metadata().id,
+                                                        [kernel_add(a) for a in staged.adds], record.link,
+                                                        record.epoch, metadata, record.epoch)
                     self._checkpoint_as_spark(table, version, rules)
                 else:
                     schema = self._fit(table, staged, rules)

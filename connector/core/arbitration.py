@@ -378,7 +378,8 @@ def alter_properties(open_table: Callable[[], Any], where: str, what: str,
         # table-features protocol with it (a reader-version-3 table gains variantType, which older readers
         # refuse), and cannot commit to a table with in-commit timestamps at all. This commit is the table's
         # metaData with these keys set and nothing else; a race re-reads (until_committed).
-        delta_kernel.set_properties(table.table_uri, table._storage_options, table.version(), properties, what)
+        delta_kernel.set_properties(table.table_uri, table._storage_options, table.version(), table.metadata().id,
+                                    properties, what)
         return properties
 
     return until_committed(attempt, f"recording {what}", where)

@@ -112,6 +112,48 @@ fn snapshot(engine: &KernelEngine, url: &Url, version: Option<u64>) -> Result<Sn
     }
 }
 
+/// The table at `version`, brought forward from the snapshot this process read last (kernel reads only the
+/// newer commits), or read anew. `table_id` is the table's id as the caller read it (its metaData): a
+/// snapshot of another table at the same path (dropped and made again) is never brought forward.
+fn snapshot_at(engine: &KernelEngine, url: &Url, version: u64, table_id: &str) -> Result<SnapshotRef, String> {
+    let cached = last_snapshots()?.get(url.as_str()).cloned();
+    let same_table = |s: &SnapshotRef| s.table_configuration().metadata().id() == table_id;
+    let snap = match cached {
+        Some(s) if same_table(&s) && s.version() == version => s,
+        Some(s) if same_table(&s) && s.version() < version => Snapshot::builder_from(s)
+            .at_version(version)
+            .build(engine)
+            .or_else(|_| snapshot(engine, url, Some(version)))
+            .map_err(|e| format!("cannot read {url}: {e}"))?,
+        _ => snapshot(engine, url, Some(version)).map_err(|e| format!("cannot read {url}: {e}"))?,
+    };
+    if !same_table(&snap) {
+        return Err(format!(
+            "{url} is another table than the one read (table id {} at version {version}, not {table_id}); \
+             it was dropped and made again meanwhile",
+            snap.table_configuration().metadata().id()
+        ));
+    }
+    remember(url, &snap)?;
+    Ok(snap)
+}
+
+/// The newest snapshot this process read or committed, per table URL.
+fn last_snapshots() -> Result<std::sync::MutexGuard<'static, HashMap<String, SnapshotRef>>, String> {
+    static LAST: OnceLock<Mutex<HashMap<String, SnapshotRef>>> = OnceLock::new();
+    LAST.get_or_init(|| Mutex::new(HashMap::new()))
+        .lock()
+        .map_err(|_| "the snapshot cache was poisoned by a panic".to_string())
+}
+
+fn remember(url: &Url, snap: &SnapshotRef) -> Result<(), String> {
+    let mut last = last_snapshots()?;
+    if last.get(url.as_str()).is_none_or(|s| s.version() <= snap.version()) {
+        last.insert(url.to_string(), snap.clone());
+    }
+    Ok(())
+}
+
 fn is_missing_table(e: &KernelError) -> bool {
     // Kernel reports a missing directory as an invalid location, one without a log as an empty log.
     matches!(e, KernelError::FileNotFound(_) | KernelError::EmptyLog | KernelError::InvalidTableLocation(_))
@@ -245,13 +287,14 @@ fn add_rows(
 /// Returns `("committed", version)`, or `("conflict", version)` when another writer took
 /// `read_version + 1` first: nothing is written then, and the caller reads the table again.
 #[pyfunction]
-#[pyo3(signature = (uri, storage, read_version, adds, app_id, app_version, commit_info, operation_parameters))]
+#[pyo3(signature = (uri, storage, read_version, table_id, adds, app_id, app_version, commit_info, operation_parameters))]
 #[allow(clippy::too_many_arguments)]
 pub fn delta_commit_epoch(
     py: Python<'_>,
     uri: &str,
     storage: HashMap<String, String>,
     read_version: u64,
+    table_id: &str,
     adds: Vec<String>,
     app_id: String,
     app_version: i64,
@@ -261,7 +304,7 @@ pub fn delta_commit_epoch(
     let url = table_url(uri).map_err(err)?;
     py.detach(|| -> Result<(String, u64), String> {
         let engine = engine_for(&url, &storage)?;
-        let snap = snapshot(&engine, &url, Some(read_version)).map_err(|e| format!("cannot read {url}: {e}"))?;
+        let snap = snapshot_at(&engine, &url, read_version, table_id)?;
         let (info, info_schema) = commit_info_batch(&commit_info)?;
         let mut builder = snap
             .update_table(UpdateTableOperation::StreamingUpdate, format!("lastagent/{}", env!("CARGO_PKG_VERSION")), true)
@@ -281,7 +324,12 @@ pub fn delta_commit_epoch(
             txn.add_files(add_rows(&engine, &adds, stats_schema)?);
         }
         match txn.commit(engine.as_ref()).map_err(|e| format!("cannot commit to {url}: {e}"))? {
-            CommitResult::Committed(c) => Ok(("committed".into(), c.commit_version())),
+            CommitResult::Committed(c) => {
+                if let Some(after) = c.post_commit_snapshot() {
+                    remember(&url, after)?;
+                }
+                Ok(("committed".into(), c.commit_version()))
+            }
             CommitResult::Conflicted(c) => Ok(("conflict".into(), c.conflict_version())),
             CommitResult::Retryable(_) => Err(format!(
                 "cannot commit to {url}: an I/O error; whether version {} was written is read back next",
@@ -295,11 +343,17 @@ pub fn delta_commit_epoch(
 /// Writes a checkpoint of `version` (classic or V2, as the table's features say). Another
 /// checkpoint already there is not an error.
 #[pyfunction]
-pub fn delta_checkpoint(py: Python<'_>, uri: &str, storage: HashMap<String, String>, version: u64) -> PyResult<()> {
+pub fn delta_checkpoint(
+    py: Python<'_>,
+    uri: &str,
+    storage: HashMap<String, String>,
+    version: u64,
+    table_id: &str,
+) -> PyResult<()> {
     let url = table_url(uri).map_err(err)?;
     py.detach(|| -> Result<(), String> {
         let engine = engine_for(&url, &storage)?;
-        let snap = snapshot(&engine, &url, Some(version)).map_err(|e| e.to_string())?;
+        let snap = snapshot_at(&engine, &url, version, table_id)?;
         snap.checkpoint(engine.as_ref(), None).map(|_| ()).map_err(|e| e.to_string())
     })
     .map_err(err)
@@ -316,12 +370,13 @@ pub fn delta_set_properties(
     uri: &str,
     storage: HashMap<String, String>,
     read_version: u64,
+    table_id: &str,
     properties: Vec<(String, String)>,
 ) -> PyResult<(String, u64)> {
     let url = table_url(uri).map_err(err)?;
     py.detach(|| -> Result<(String, u64), String> {
         let engine = engine_for(&url, &storage)?;
-        let snap = snapshot(&engine, &url, Some(read_version)).map_err(|e| format!("cannot read {url}: {e}"))?;
+        let snap = snapshot_at(&engine, &url, read_version, table_id)?;
         let mut metadata = serde_json::to_value(snap.table_configuration().metadata()).map_err(|e| e.to_string())?;
         let object = metadata.as_object_mut().ok_or("the table's metaData is not an object")?;
         object.retain(|_, v| !v.is_null());
