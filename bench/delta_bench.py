@@ -49,7 +49,14 @@ VALUE_BYTES = 100
 WORK = tempfile.mkdtemp(prefix="lastagent-bench-delta-")
 
 #: sink name in the summary → (source format, sink format)
-SINKS = {"delta-builtin": ("kafka", "delta"), "lastagent-delta": ("lastagent-kafka", "lastagent-delta")}
+SINKS = {"delta-builtin": ("kafka", "delta"), "lastagent-delta": ("lastagent-kafka", "lastagent-delta"),
+         "lastagent-delta-new-table": ("lastagent-kafka", "lastagent-delta")}
+#: lastagent-delta-new-table writes a table made first as Delta makes new ones (deletion vectors, row tracking,
+#: in-commit timestamps, clustering), whose commits go through Delta Kernel; lastagent-delta's table is the one the
+#: sink creates (delta-rs).
+NEW_TABLE = ("CREATE TABLE delta.`{t}` (key STRING, value BINARY, topic STRING, partition INT, offset BIGINT) USING delta "
+             "CLUSTER BY (offset) TBLPROPERTIES ('delta.enableDeletionVectors'='true', 'delta.enableRowTracking'='true', "
+             "'delta.enableInCommitTimestamps'='true')")
 
 
 #: sink → seconds per phase of Spark's micro-batch (durationMs of the progress reports), summed
@@ -70,6 +77,8 @@ def spark_write(spark, sink: str, topic: str, rows: int, per_trigger: int) -> tu
               .trigger(availableNow=True))
     if sink_fmt == "lastagent-delta":
         writer = writer.option("link", f"bench-{uuid.uuid4().hex[:8]}")
+    if sink == "lastagent-delta-new-table":
+        spark.sql(NEW_TABLE.format(t=table))
     start = time.perf_counter()
     query = writer.start(table)
     query.awaitTermination()
@@ -145,6 +154,7 @@ def main() -> int:
             "per_trigger": PER_TRIGGER,
             "rows_per_s_median": {k: round(v) for k, v in med.items()},
             "ratio_vs_builtin": round(med["lastagent-delta"] / med["delta-builtin"], 2),
+            "new_table_vs_sink_created": round(med["lastagent-delta-new-table"] / med["lastagent-delta"], 2),
             "seconds_per_phase_last_run": phases,
             "files": files,
         }
