@@ -220,6 +220,7 @@ bench: setup kafka-up
 	cd bench && ../$(PYTHON) merge_bench.py | tee ../.cache/bench-merge.json
 	cd bench && ../$(PYTHON) ceiling_bench.py | tee ../.cache/bench-ceiling.json
 	cd bench && ../$(PYTHON) delta_bench.py | tee ../.cache/bench-delta.json
+	cd bench && ../$(PYTHON) delta_commit_bench.py | tee ../.cache/bench-delta-commit.json
 	cd bench && ../$(PYTHON) row_rules.py | tee ../.cache/bench-row-rules.json
 	cd bench && ../$(PYTHON) objectstore_bench.py | tee ../.cache/bench-objectstore.json
 	cd bench && ../$(PYTHON) groups_bench.py | tee ../.cache/bench-groups.json
