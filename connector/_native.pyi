@@ -67,7 +67,7 @@ class DeltaKernelError(Exception):
 #: A commit's outcome: ("committed", version) or ("conflict", version).
 Outcome = tuple[str, int]
 
-def delta_table_state(uri: str, storage: dict[str, str]) -> dict[str, Any] | None: ...
+def delta_write_gate(uri: str, storage: dict[str, str], version: int, table_id: str) -> str | None: ...
 def delta_commit_epoch(
     uri: str, storage: dict[str, str], read_version: int, table_id: str, adds: list[str], app_id: str,
     app_version: int,

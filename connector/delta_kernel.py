@@ -81,6 +81,19 @@ def commit_epoch(uri: str, storage: Mapping[str, str] | None, read_version: int,
     return _outcome(outcome, f"epoch {epoch} of link {app_id!r}", uri)
 
 
+def write_gate(uri: str, storage: Mapping[str, str] | None, version: int, table_id: str) -> str | None:
+    """Delta Kernel's reason for not writing to the table at ``version`` (its write gate), or None. Driver.
+
+    Raises:
+        ArbitrationError: the table could not be read.
+    """
+    native = _native()
+    try:
+        return native.delta_write_gate(uri, dict(storage or {}), version, table_id)
+    except native.DeltaKernelError as exc:
+        raise ArbitrationError(f"cannot read Delta table {uri}: {exc}") from exc
+
+
 def checkpoint(uri: str, storage: Mapping[str, str] | None, version: int, table_id: str) -> None:
     """Writes a checkpoint of ``version``, of the kind the table's features say (classic or V2). Driver.
 

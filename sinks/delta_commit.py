@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -425,6 +426,21 @@ class TargetTableStore:
     def rules(self, table: Any) -> TableRules:
         """What the tasks must do to the target table's rows (:func:`rules_of`). Driver, at each epoch's start."""
         return rules_of(table, self.path, "target table")
+
+    def require_kernel_writes(self, table: Any) -> None:
+        """Refuses a table whose commits go through Delta Kernel when kernel's write gate refuses it. Driver, at
+        each epoch's start, after :meth:`rules` (whose own list refuses every case known to it first).
+
+        Raises:
+            UnsupportedTableFeatureError: naming the feature kernel names (or its gate), before anything is written.
+        """
+        reason = delta_kernel.write_gate(table.table_uri, self.storage.delta_options(self._where), table.version(),
+                                         table.metadata().id)
+        if reason is not None:
+            named = re.search(r"Feature '([^']+)'", reason)
+            raise UnsupportedTableFeatureError(named[1] if named else "Delta Kernel's write gate", self.path,
+                                               "target table", "lastagent commits to this table through Delta Kernel "
+                                               f"0.30.1, which refuses to write to it: {reason}")
 
     def check_dead_letter_table(self) -> None:
         """Refuses an existing dead-letter table lastagent cannot write as is (:func:`require_plain`). Driver."""

@@ -166,6 +166,8 @@ class DeltaStreamWriter(StartsWhenShipped, StreamWriter):
         from lastagent.errors import OptionError
 
         rules = store.rules(table)
+        if rules.kernel:
+            store.require_kernel_writes(table)
         if rules.constraints or rules.generated or rules.defaults:
             from lastagent.sinks.delta_expressions import check_supported
 

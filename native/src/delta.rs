@@ -36,7 +36,6 @@ use delta_kernel_default_engine::DefaultEngine;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 use url::Url;
 
 create_exception!(_native, DeltaKernelError, PyException, "Delta Kernel refused or failed a read or a commit (the message says which).");
@@ -104,12 +103,8 @@ fn err(e: impl std::fmt::Display) -> PyErr {
     DeltaKernelError::new_err(e.to_string())
 }
 
-fn snapshot(engine: &KernelEngine, url: &Url, version: Option<u64>) -> Result<SnapshotRef, KernelError> {
-    let builder = Snapshot::builder_for(url.as_str());
-    match version {
-        Some(v) => builder.at_version(v).build(engine),
-        None => builder.build(engine),
-    }
+fn snapshot(engine: &KernelEngine, url: &Url, version: u64) -> Result<SnapshotRef, KernelError> {
+    Snapshot::builder_for(url.as_str()).at_version(version).build(engine)
 }
 
 /// The table at `version`, brought forward from the snapshot this process read last (kernel reads only the
@@ -123,9 +118,9 @@ fn snapshot_at(engine: &KernelEngine, url: &Url, version: u64, table_id: &str) -
         Some(s) if same_table(&s) && s.version() < version => Snapshot::builder_from(s)
             .at_version(version)
             .build(engine)
-            .or_else(|_| snapshot(engine, url, Some(version)))
+            .or_else(|_| snapshot(engine, url, version))
             .map_err(|e| format!("cannot read {url}: {e}"))?,
-        _ => snapshot(engine, url, Some(version)).map_err(|e| format!("cannot read {url}: {e}"))?,
+        _ => snapshot(engine, url, version).map_err(|e| format!("cannot read {url}: {e}"))?,
     };
     if !same_table(&snap) {
         return Err(format!(
@@ -154,11 +149,6 @@ fn remember(url: &Url, snap: &SnapshotRef) -> Result<(), String> {
     Ok(())
 }
 
-fn is_missing_table(e: &KernelError) -> bool {
-    // Kernel reports a missing directory as an invalid location, one without a log as an empty log.
-    matches!(e, KernelError::FileNotFound(_) | KernelError::EmptyLog | KernelError::InvalidTableLocation(_))
-}
-
 /// Whether kernel would write to the table: kernel's write gate (every writer feature, the
 /// invariants and constraints rules), run by building a transaction that is thrown away.
 fn write_gate(engine: &KernelEngine, snap: &SnapshotRef) -> Option<String> {
@@ -173,59 +163,24 @@ fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
-/// The table as kernel reads it at its newest version, or None when there is no table:
-/// `version`, `min_reader_version`, `min_writer_version`, `reader_features`, `writer_features`
-/// (None below versions 3/7), `configuration`, `partition_columns`, `in_commit_timestamps`
-/// (bool) and `write_gate` (None, or kernel's reason for not writing to it).
+/// Kernel's reason for not writing to the table at `version` (its write gate: every writer feature, the
+/// invariants and constraints rules, the iceberg validators), or None when it would. Asked at each epoch's start,
+/// so a table kernel refuses is refused before anything is claimed or written.
 #[pyfunction]
-#[pyo3(signature = (uri, storage))]
-pub fn delta_table_state<'py>(
-    py: Python<'py>,
+pub fn delta_write_gate(
+    py: Python<'_>,
     uri: &str,
     storage: HashMap<String, String>,
-) -> PyResult<Option<Bound<'py, PyDict>>> {
+    version: u64,
+    table_id: &str,
+) -> PyResult<Option<String>> {
     let url = table_url(uri).map_err(err)?;
-    let state = py.detach(|| -> Result<Option<_>, String> {
+    py.detach(|| -> Result<Option<String>, String> {
         let engine = engine_for(&url, &storage)?;
-        let snap = match snapshot(&engine, &url, None) {
-            Ok(s) => s,
-            Err(e) if is_missing_table(&e) => return Ok(None),
-            Err(e) => return Err(format!("cannot read Delta table {url}: {e}")),
-        };
-        let config = snap.table_configuration();
-        let protocol = config.protocol();
-        let features = |f: Option<&[delta_kernel::table_features::TableFeature]>| {
-            f.map(|fs| fs.iter().map(|x| x.to_string()).collect::<Vec<_>>())
-        };
-        let ict = snap.get_in_commit_timestamp(engine.as_ref()).map_err(|e| e.to_string())?.is_some();
-        Ok(Some((
-            snap.version(),
-            protocol.min_reader_version(),
-            protocol.min_writer_version(),
-            features(protocol.reader_features()),
-            features(protocol.writer_features()),
-            config.metadata().configuration().clone(),
-            config.metadata().partition_columns().to_vec(),
-            ict,
-            write_gate(&engine, &snap),
-        )))
-    });
-    let Some((version, reader, writer, reader_features, writer_features, configuration, partitions, ict, gate)) =
-        state.map_err(err)?
-    else {
-        return Ok(None);
-    };
-    let d = PyDict::new(py);
-    d.set_item("version", version)?;
-    d.set_item("min_reader_version", reader)?;
-    d.set_item("min_writer_version", writer)?;
-    d.set_item("reader_features", reader_features)?;
-    d.set_item("writer_features", writer_features)?;
-    d.set_item("configuration", configuration)?;
-    d.set_item("partition_columns", partitions)?;
-    d.set_item("in_commit_timestamps", ict)?;
-    d.set_item("write_gate", gate)?;
-    Ok(Some(d))
+        let snap = snapshot_at(&engine, &url, version, table_id)?;
+        Ok(write_gate(&engine, &snap))
+    })
+    .map_err(err)
 }
 
 /// A one-row batch of string columns, for kernel's `with_commit_info`.

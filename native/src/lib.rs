@@ -767,7 +767,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ArrowBatch>()?;
     m.add_class::<producer::BranchProducer>()?;
     m.add("DeltaKernelError", m.py().get_type::<delta::DeltaKernelError>())?;
-    m.add_function(wrap_pyfunction!(delta::delta_table_state, m)?)?;
+    m.add_function(wrap_pyfunction!(delta::delta_write_gate, m)?)?;
     m.add_function(wrap_pyfunction!(delta::delta_commit_epoch, m)?)?;
     m.add_function(wrap_pyfunction!(delta::delta_set_properties, m)?)?;
     m.add_function(wrap_pyfunction!(delta::delta_checkpoint, m)?)?;

@@ -207,6 +207,24 @@ def test_every_commit_carries_an_in_commit_timestamp_above_the_previous_one(spar
     assert as_of.count() == 6
 
 
+def test_kernels_write_gate_names_what_it_refuses(spark, tmp_path):
+    """The start asks Delta Kernel's write gate on every table whose commits go through kernel (after lastagent's own
+    list, which refuses these cases first): it names the feature, and passes a table kernel writes."""
+    from deltalake import DeltaTable
+
+    from lastagent import delta_kernel
+
+    refused, written = str(tmp_path / "refused"), str(tmp_path / "written")
+    _make(spark, "CREATE TABLE {t} (id BIGINT) USING delta", ["ALTER TABLE {t} ADD CONSTRAINT c CHECK (id > 0)"], refused)
+    _make(spark, WRITTEN["row tracking"][0], [], written)
+    def gate(path: str) -> str | None:
+        table = DeltaTable(path)
+        return delta_kernel.write_gate(path, None, table.version(), table.metadata().id)
+
+    assert "Feature 'checkConstraints' is not supported" in (gate(refused) or "")
+    assert gate(written) is None
+
+
 def test_rows_breaking_a_rule_go_to_the_dead_letters_with_its_name(spark, source, tmp_path):
     ddl = ("CREATE TABLE {t} (id BIGINT, amount INT NOT NULL, name VARCHAR(2), doubled INT GENERATED ALWAYS AS "
            "(amount * 2)) USING delta TBLPROPERTIES ('delta.columnMapping.mode'='name')")
