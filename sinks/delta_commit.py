@@ -484,8 +484,9 @@ class TargetTableStore:
         problems, new = schema_diff(current.to_json(), staged.schema_json, self.merge_schema)
         if not problems and new and rules.kernel:
             problems = [f"column {f['name']!r} is not in the table, and mergeSchema does not add columns to a table "
-                        "with row tracking, clustering, in-commit timestamps or domain metadata; add it with ALTER "
-                        "TABLE ... ADD COLUMN first" for f in new]
+                        "whose commits go through Delta Kernel (row tracking, clustering, in-commit timestamps, "
+                        "domain metadata, column defaults, type widening); add it with ALTER TABLE ... ADD COLUMN "
+                        "first" for f in new]
         if problems:
             raise schema_error(self.path, problems)
         if not new:
