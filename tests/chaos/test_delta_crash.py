@@ -82,8 +82,11 @@ def test_killed_at_every_point_on_a_table_with_row_tracking_clustering_and_in_co
               "offset BIGINT, amount BIGINT) USING delta CLUSTER BY (amount) TBLPROPERTIES "
               "('delta.enableDeletionVectors'='true', 'delta.enableRowTracking'='true', "
               "'delta.enableInCommitTimestamps'='true')")
+    # The points where a decided epoch waits for recovery, and recovery itself (the whole schedule in make
+    # test-chaos-full): the kernel commit's own race is the same as delta-rs's, so fewer kills suffice here.
     _kill_at_every_point_in_turn(spark, kafka_bootstrap, new_topic, orders, tmp_path, table,
-                                 support.SESSIONS["daemon-off"])
+                                 support.SESSIONS["daemon-off"],
+                                 SCHEDULE if support.FULL else ["after_arbitration:1", "between_branch_commits:1"])
     ids = spark.read.format("delta").load(table).select("_metadata.row_id").collect()
     assert len({r.row_id for r in ids}) == len(ids) == ROWS - len(POISON)
     stamps = [json.loads(f.read_text().splitlines()[0])["commitInfo"]["inCommitTimestamp"]
@@ -91,13 +94,14 @@ def test_killed_at_every_point_on_a_table_with_row_tracking_clustering_and_in_co
     assert stamps == sorted(set(stamps))
 
 
-def _kill_at_every_point_in_turn(spark, kafka_bootstrap, new_topic, orders, tmp_path, table: str, conf) -> None:
+def _kill_at_every_point_in_turn(spark, kafka_bootstrap, new_topic, orders, tmp_path, table: str, conf,
+                                 points: list[str] | None = None) -> None:
     side = new_topic(partitions=2)
     link = f"chaos-d-{uuid.uuid4().hex[:8]}"
     dead = str(tmp_path / "dead-letters")
     args = [kafka_bootstrap, orders, table, str(tmp_path / "ckpt"), link, "", side, PER_TRIGGER, dead]
     state = tmp_path / "crash"
-    for point in SCHEDULE if support.FULL else SHORT_SCHEDULE:
+    for point in points or (SCHEDULE if support.FULL else SHORT_SCHEDULE):
         state.write_text("0")
         code = run_driver(args, point, state, conf=conf)
         assert code == -signal.SIGKILL, f"the driver was not killed at {point} (exit {code}); see {state}.log"

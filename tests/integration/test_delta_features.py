@@ -102,7 +102,11 @@ WRITTEN = {
 }
 
 
-@pytest.mark.parametrize("case", list(WRITTEN))
+#: Cases with a test of their own below (the same read-back and DESCRIBE DETAIL checks, in _twins, and more).
+OWN_TESTS = ("row tracking", "liquid clustering", "in-commit timestamps")
+
+
+@pytest.mark.parametrize("case", [c for c in WRITTEN if c not in OWN_TESTS])
 def test_rows_read_back_as_spark_wrote_them(spark, source, tmp_path, case):
     ddl, after, select = WRITTEN[case]
     theirs, ours = str(tmp_path / "spark"), str(tmp_path / "ours")
@@ -128,13 +132,19 @@ def test_rows_read_back_as_spark_wrote_them(spark, source, tmp_path, case):
 
 
 def _twins(spark, source, tmp_path, case):
-    """The case's two tables: Spark's ``delta`` writer's and lastagent-delta's (two epochs), same rows."""
+    """The case's two tables: Spark's ``delta`` writer's and lastagent-delta's (two epochs), same rows; as in
+    test_rows_read_back_as_spark_wrote_them, Spark reads the same rows from both, data skipping agrees, and the
+    run changed nothing of the table's DESCRIBE DETAIL but lastagent's own properties."""
     ddl, after, select = WRITTEN[case]
     theirs, ours = str(tmp_path / "spark"), str(tmp_path / "ours")
     for path in (theirs, ours):
         _make(spark, ddl, after, path)
+    before = _detail(spark, ours)
     spark.read.format("delta").load(source).selectExpr(*select).write.format("delta").mode("append").save(theirs)
     _stream(spark, source, tmp_path / "ckpt", ours, select).awaitTermination()
+    assert _rows(spark, ours) == _rows(spark, theirs) and len(_rows(spark, ours)) == len(ROWS)
+    assert _rows(spark, ours, "id >= 6") == _rows(spark, theirs, "id >= 6") and len(_rows(spark, ours, "id >= 6")) == 6
+    assert _detail(spark, ours) == before
     return theirs, ours
 
 
@@ -223,6 +233,21 @@ def test_kernels_write_gate_names_what_it_refuses(spark, tmp_path):
 
     assert "Feature 'checkConstraints' is not supported" in (gate(refused) or "")
     assert gate(written) is None
+
+
+def test_merge_schema_on_a_kernel_table_is_refused_naming_the_column(spark, source, tmp_path):
+    """mergeSchema's new column would be a delta-rs schema commit, which such a table refuses: nothing is written."""
+    ours = str(tmp_path / "ours")
+    _make(spark, "CREATE TABLE {t} (id BIGINT, amount INT) USING delta TBLPROPERTIES ('delta.enableRowTracking'='true')",
+          [], ours)
+    version = len(_log(ours))
+    q = _stream(spark, source, tmp_path / "ckpt", ours, ["id", "amount", "name"], mergeSchema="true")
+    with pytest.raises(Exception, match=r"column 'name' is not in the table, and mergeSchema does not add columns.*"
+                                        r"ALTER TABLE \.\.\. ADD COLUMN"):
+        q.awaitTermination()
+    assert spark.read.format("delta").load(ours).count() == 0
+    assert [a[0]["commitInfo"]["operation"] for v, a in sorted(_log(ours).items()) if v >= version] in (
+        [], ["SET TBLPROPERTIES"])  # at most the run's claim
 
 
 def test_rows_breaking_a_rule_go_to_the_dead_letters_with_its_name(spark, source, tmp_path):
