@@ -32,6 +32,7 @@ use delta_kernel::snapshot::{Snapshot, SnapshotRef};
 use delta_kernel::transaction::{CommitResult, UpdateTableOperation};
 use delta_kernel::{Engine, KernelError};
 use delta_kernel_default_engine::executor::tokio::TokioMultiThreadExecutor;
+use delta_kernel_default_engine::storage::store_from_url_opts;
 use delta_kernel_default_engine::DefaultEngine;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
@@ -41,6 +42,9 @@ use url::Url;
 create_exception!(_native, DeltaKernelError, PyException, "Delta Kernel refused or failed a read or a commit (the message says which).");
 
 type KernelEngine = DefaultEngine<TokioMultiThreadExecutor>;
+
+/// The `engineInfo` of every commit lastagent makes.
+const ENGINE_INFO: &str = concat!("lastagent/", env!("CARGO_PKG_VERSION"));
 
 /// One engine per store and settings, for the process's life: an engine holds a Tokio runtime
 /// (two worker threads) and the store's connection pool; a decision per epoch must not build one.
@@ -61,13 +65,15 @@ fn engine_for(url: &Url, storage: &HashMap<String, String>) -> Result<Arc<Kernel
     Ok(engine)
 }
 
-/// The object store of a table's URL. S3 (`s3://`, `s3a://`) starts from the environment
+/// The object store of a table's URL. S3 (`s3://`, `s3a://`, `s3n://`) starts from the environment
 /// (`AWS_*`), as delta-rs and Spark's s3a do, then takes the `storage.*` settings, each one checked:
-/// a setting object_store does not know is refused, never dropped.
+/// a setting object_store does not know is refused, never dropped. Google Cloud Storage (`gs://`) and Azure
+/// (`abfss://`), the other stores `lastagent.storage` reaches, as kernel's default engine builds them from the
+/// settings (object_store's own keys, which are delta-rs's).
 fn store_for(url: &Url, storage: &HashMap<String, String>) -> Result<Arc<DynObjectStore>, String> {
     match url.scheme() {
         "file" => Ok(Arc::new(LocalFileSystem::new())),
-        "s3" | "s3a" => {
+        "s3" | "s3a" | "s3n" => {
             let bucket = url.host_str().ok_or_else(|| format!("{url}: no bucket"))?;
             let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
             for (key, value) in storage {
@@ -77,9 +83,10 @@ fn store_for(url: &Url, storage: &HashMap<String, String>) -> Result<Arc<DynObje
             }
             Ok(Arc::new(builder.build().map_err(|e| e.to_string())?))
         }
+        "gs" | "abfss" => store_from_url_opts(url, storage.iter()).map_err(|e| format!("{url}: {e}")),
         other => Err(format!(
-            "{url}: lastagent commits through Delta Kernel to local paths and S3 (s3://, s3a://); \
-             {other}:// is not one of them"
+            "{url}: lastagent reaches local paths, S3 (s3://, s3a://, s3n://), gs:// and abfss://; {other}:// is not \
+             one of them"
         )),
     }
 }
@@ -163,6 +170,25 @@ fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
+/// What every function here does first: the table's URL, its engine and its snapshot at `version` (see
+/// [`snapshot_at`]); then `work`, with the GIL released. Errors become [`DeltaKernelError`].
+fn on_snapshot<T: Send>(
+    py: Python<'_>,
+    uri: &str,
+    storage: &HashMap<String, String>,
+    version: u64,
+    table_id: &str,
+    work: impl FnOnce(&KernelEngine, &Url, SnapshotRef) -> Result<T, String> + Send,
+) -> PyResult<T> {
+    let url = table_url(uri).map_err(err)?;
+    py.detach(|| {
+        let engine = engine_for(&url, storage)?;
+        let snap = snapshot_at(&engine, &url, version, table_id)?;
+        work(&engine, &url, snap)
+    })
+    .map_err(err)
+}
+
 /// Kernel's reason for not writing to the table at `version` (its write gate: every writer feature, the
 /// invariants and constraints rules, the iceberg validators), or None when it would. Asked at each epoch's start,
 /// so a table kernel refuses is refused before anything is claimed or written.
@@ -174,13 +200,7 @@ pub fn delta_write_gate(
     version: u64,
     table_id: &str,
 ) -> PyResult<Option<String>> {
-    let url = table_url(uri).map_err(err)?;
-    py.detach(|| -> Result<Option<String>, String> {
-        let engine = engine_for(&url, &storage)?;
-        let snap = snapshot_at(&engine, &url, version, table_id)?;
-        Ok(write_gate(&engine, &snap))
-    })
-    .map_err(err)
+    on_snapshot(py, uri, &storage, version, table_id, |engine, _, snap| Ok(write_gate(engine, &snap)))
 }
 
 /// A one-row batch of string columns, for kernel's `with_commit_info`.
@@ -256,13 +276,10 @@ pub fn delta_commit_epoch(
     commit_info: Vec<(String, String)>,
     operation_parameters: Vec<(String, String)>,
 ) -> PyResult<(String, u64)> {
-    let url = table_url(uri).map_err(err)?;
-    py.detach(|| -> Result<(String, u64), String> {
-        let engine = engine_for(&url, &storage)?;
-        let snap = snapshot_at(&engine, &url, read_version, table_id)?;
+    on_snapshot(py, uri, &storage, read_version, table_id, |engine, url, snap| {
         let (info, info_schema) = commit_info_batch(&commit_info)?;
         let mut builder = snap
-            .update_table(UpdateTableOperation::StreamingUpdate, format!("lastagent/{}", env!("CARGO_PKG_VERSION")), true)
+            .update_table(UpdateTableOperation::StreamingUpdate, ENGINE_INFO, true)
             .with_transaction_id(app_id, app_version)
             .with_commit_info(info, info_schema)
             .with_operation_parameters(operation_parameters.into_iter().map(|(k, v)| (k, Some(v))));
@@ -270,18 +287,18 @@ pub fn delta_commit_epoch(
             builder = builder.with_blind_append();
         }
         let mut txn = builder
-            .build(engine.as_ref(), Box::new(FileSystemCommitter::new()))
+            .build(engine, Box::new(FileSystemCommitter::new()))
             .map_err(|e| format!("Delta Kernel will not write to {url}: {e}"))?;
         // The executors filled every column the rows lacked with its DEFAULT (lastagent.sinks.table_rows).
         txn.ack_column_defaults();
         if !adds.is_empty() {
             let stats_schema = txn.stats_schema().map_err(|e| e.to_string())?;
-            txn.add_files(add_rows(&engine, &adds, stats_schema)?);
+            txn.add_files(add_rows(engine, &adds, stats_schema)?);
         }
-        match txn.commit(engine.as_ref()).map_err(|e| format!("cannot commit to {url}: {e}"))? {
+        match txn.commit(engine).map_err(|e| format!("cannot commit to {url}: {e}"))? {
             CommitResult::Committed(c) => {
                 if let Some(after) = c.post_commit_snapshot() {
-                    remember(&url, after)?;
+                    remember(url, after)?;
                 }
                 Ok(("committed".into(), c.commit_version()))
             }
@@ -292,7 +309,6 @@ pub fn delta_commit_epoch(
             )),
         }
     })
-    .map_err(err)
 }
 
 /// Writes a checkpoint of `version` (classic or V2, as the table's features say). Another
@@ -305,13 +321,9 @@ pub fn delta_checkpoint(
     version: u64,
     table_id: &str,
 ) -> PyResult<()> {
-    let url = table_url(uri).map_err(err)?;
-    py.detach(|| -> Result<(), String> {
-        let engine = engine_for(&url, &storage)?;
-        let snap = snapshot_at(&engine, &url, version, table_id)?;
-        snap.checkpoint(engine.as_ref(), None).map(|_| ()).map_err(|e| e.to_string())
+    on_snapshot(py, uri, &storage, version, table_id, |engine, _, snap| {
+        snap.checkpoint(engine, None).map(|_| ()).map_err(|e| e.to_string())
     })
-    .map_err(err)
 }
 
 /// Sets table properties on top of `read_version` in one commit that changes nothing else (see
@@ -328,10 +340,7 @@ pub fn delta_set_properties(
     table_id: &str,
     properties: Vec<(String, String)>,
 ) -> PyResult<(String, u64)> {
-    let url = table_url(uri).map_err(err)?;
-    py.detach(|| -> Result<(String, u64), String> {
-        let engine = engine_for(&url, &storage)?;
-        let snap = snapshot_at(&engine, &url, read_version, table_id)?;
+    on_snapshot(py, uri, &storage, read_version, table_id, |engine, url, snap| {
         let mut metadata = serde_json::to_value(snap.table_configuration().metadata()).map_err(|e| e.to_string())?;
         let object = metadata.as_object_mut().ok_or("the table's metaData is not an object")?;
         object.retain(|_, v| !v.is_null());
@@ -345,7 +354,7 @@ pub fn delta_set_properties(
         }
         let now = now_ms();
         let mut info = serde_json::Map::new();
-        if let Some(previous) = snap.get_in_commit_timestamp(engine.as_ref()).map_err(|e| e.to_string())? {
+        if let Some(previous) = snap.get_in_commit_timestamp(engine).map_err(|e| e.to_string())? {
             info.insert("inCommitTimestamp".into(), (now.max(previous + 1)).into());
         }
         let changed: HashMap<_, _> = properties.iter().cloned().collect();
@@ -358,7 +367,7 @@ pub fn delta_set_properties(
         info.insert("readVersion".into(), read_version.into());
         info.insert("isolationLevel".into(), "Serializable".into());
         info.insert("isBlindAppend".into(), false.into());
-        info.insert("engineInfo".into(), format!("lastagent/{}", env!("CARGO_PKG_VERSION")).into());
+        info.insert("engineInfo".into(), ENGINE_INFO.into());
         let body = format!(
             "{}\n{}\n",
             serde_json::json!({ "commitInfo": info }),
@@ -374,5 +383,4 @@ pub fn delta_set_properties(
             Err(e) => Err(format!("cannot commit to {url}: {e}")),
         }
     })
-    .map_err(err)
 }
