@@ -32,10 +32,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from lastagent import delta_kernel
 from lastagent.core.arbitration import ArbitrationRecord
-from lastagent.sinks.delta_commit import StagedEpoch, TargetTableStore
-from lastagent.sinks.delta_files import FileWriter
+from lastagent.delta import kernel as delta_kernel
+from lastagent.delta.files import FileWriter
+from lastagent.delta.target_table import StagedEpoch, TargetTableStore
 from lastagent.spark_session import local_session
 
 EPOCHS = int(os.environ.get("BENCH_EPOCHS", "20"))

@@ -20,8 +20,8 @@ import time
 
 import pyarrow as pa
 
-from lastagent.sinks.delta_features import Constraint, GeneratedColumn, TableRules
-from lastagent.sinks.delta_files import FileWriter
+from lastagent.delta.features import Constraint, GeneratedColumn, TableRules
+from lastagent.delta.files import FileWriter
 from lastagent.sinks.table_rows import RowChecker
 
 ROWS = int(os.environ.get("BENCH_ROWS", "1000000"))

@@ -40,10 +40,10 @@ from lastagent.errors import ArbitrationError, LastAgentError
 
 def _committer(args: argparse.Namespace) -> Any:
     """The link's committer: arbitration in its own table (Kafka sink) or in the target table (Delta sink)."""
-    from lastagent.batch_store import BatchEpochTable, is_batch_link
     from lastagent.core.committer import Committer
+    from lastagent.delta.batch_table import BatchEpochTable, is_batch_link
+    from lastagent.delta.target_table import TargetTableStore
     from lastagent.kafka.xa import KafkaXAResource
-    from lastagent.sinks.delta_commit import TargetTableStore
     from lastagent.sinks.delta_sink_options import DeltaSinkOptions
     from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 

@@ -190,7 +190,7 @@ class UnsupportedExpressionError(LastAgentError):
 
     def __init__(self, what: str, sql: str, construct: str) -> None:
         super().__init__(f"{what} ({sql}) cannot be evaluated by lastagent exactly as Spark's Delta writer does: "
-                         f"{construct}. Rewrite it with the supported constructs (see lastagent.sinks.delta_expressions) "
+                         f"{construct}. Rewrite it with the supported constructs (see lastagent.delta.expressions) "
                          "or write to this table with Spark's Delta writer")
         self.what = what
         self.construct = construct

@@ -22,9 +22,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from lastagent import faults
-from lastagent.batch_store import BatchEpochTable
 from lastagent.core import batch_epoch as be
 from lastagent.core import protocol, xid
+from lastagent.delta.batch_table import BatchEpochTable
 from lastagent.errors import DecidedBranchLostError, EpochNotDecidedError, OptionError, StaleOwnerError
 from lastagent.kafka.config import KafkaConfig
 from lastagent.storage import StorageConfig

@@ -645,7 +645,7 @@ class Soak:
         """Data files the link wrote that no commit of the table references."""
         from deltalake import DeltaTable
 
-        from lastagent.sinks.delta_files import parse_file_name
+        from lastagent.delta.files import parse_file_name
 
         referenced = {Path(p).name for p in DeltaTable(str(table)).file_uris()}
         return sorted(p.name for p in table.rglob("*.parquet") if parse_file_name(p.name) and p.name not in referenced)

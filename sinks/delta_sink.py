@@ -10,7 +10,7 @@
   deletes the data files no decision references.
 * ``write`` runs on executors, one task attempt at a time: headers filter, transformer, cast to
   the table's schema, the table's row rules (generated columns, NOT NULL, CHECK constraints:
-  :mod:`lastagent.sinks.table_rows`, worked out at start by :mod:`lastagent.sinks.delta_features`,
+  :mod:`lastagent.sinks.table_rows`, worked out at start by :mod:`lastagent.delta.features`,
   which refuses a feature the sink does not write), parquet files under the table root (physical
   names for a column-mapped table; not yet visible), side-topic and
   dead-letter records in a Kafka branch flushed and left open (prepared). The commit message
@@ -34,12 +34,12 @@ from pyspark.sql.types import StructType
 from lastagent import faults
 from lastagent.core import protocol
 from lastagent.core.figures import EpochFigures
+from lastagent.delta.features import TableRules
+from lastagent.delta.files import FileWriter, delta_arrow_schema, physical_fields
+from lastagent.delta.target_table import StagedEpoch, TargetTableStore, schema_diff, schema_error
 from lastagent.groups.refusals import split_refused, strip_refusal_columns
 from lastagent.kafka.branch import BranchHandle
 from lastagent.sinks import dead_letters, transformer
-from lastagent.sinks.delta_commit import StagedEpoch, TargetTableStore, schema_diff, schema_error
-from lastagent.sinks.delta_features import TableRules
-from lastagent.sinks.delta_files import FileWriter, delta_arrow_schema, physical_fields
 from lastagent.sinks.delta_sink_options import DeltaSinkOptions
 from lastagent.sinks.epoch_timings import keep_timings, previous_timings
 from lastagent.sinks.query_run import (
@@ -169,7 +169,7 @@ class DeltaStreamWriter(StartsWhenShipped, StreamWriter):
         if rules.kernel:
             store.require_kernel_writes(table)
         if rules.constraints or rules.generated or rules.defaults:
-            from lastagent.sinks.delta_expressions import check_supported
+            from lastagent.delta.expressions import check_supported
 
             # The driver's start cannot see Spark's session time zone; it checks as for UTC, and a task in
             # another zone refuses an expression that depends on it before writing a row.

@@ -102,7 +102,7 @@ class KafkaStreamWriter(StartsWhenShipped, StreamWriter):
 
     def _claim(self, owner: str) -> Callable[[str], Ownership]:
         """Claims the link for a run in the arbitration table. Executor, a run's first tasks."""
-        from lastagent.core.arbitration import DeltaArbitrationStore
+        from lastagent.delta.arbitration_table import DeltaArbitrationStore
 
         return lambda run: DeltaArbitrationStore(self.options.arbitration_table, self.options.storage).claim(
             self.options.link, owner, run=run)

@@ -16,7 +16,7 @@ from collections.abc import Collection
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lastagent.sinks.delta_features import TableRules
+from lastagent.delta.features import TableRules
 from lastagent.sinks.transformer import Failure
 
 
@@ -43,7 +43,7 @@ def _null_rows(column: pa.Array, path: list[str]) -> pa.Array:
 
 
 class RowChecker:
-    """Applies a table's :class:`~lastagent.sinks.delta_features.TableRules` to batches. Executor.
+    """Applies a table's :class:`~lastagent.delta.features.TableRules` to batches. Executor.
 
     Args:
         rules: the table's rules, worked out on the driver at the epoch's start.
@@ -56,7 +56,7 @@ class RowChecker:
         self.rules = rules
         self.expressions = None
         if rules.constraints or rules.generated or rules.defaults:
-            from lastagent.sinks.delta_expressions import RowRules
+            from lastagent.delta.expressions import RowRules
 
             self.expressions = RowRules(rules.constraints, rules.generated, schema, provided, time_zone=time_zone,
                                         defaults=rules.defaults)

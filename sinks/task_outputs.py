@@ -16,10 +16,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from lastagent.delta.files import FileWriter
 from lastagent.errors import DeadLetterError, RecordTooLarge, TransactionFailed
 from lastagent.kafka.branch import BranchHandle, BranchWriter
 from lastagent.sinks import dead_letters
-from lastagent.sinks.delta_files import FileWriter
 from lastagent.sinks.delta_sink_options import DeltaSinkOptions
 
 log = logging.getLogger("lastagent.delta")

@@ -18,7 +18,7 @@ from typing import Any
 
 from lastagent import faults
 from lastagent.core import protocol, xid
-from lastagent.core.arbitration import ArbitrationRecord, ArbitrationStore, DeltaArbitrationStore, Ownership, require_owner
+from lastagent.core.arbitration import ArbitrationRecord, ArbitrationStore, Ownership, require_owner
 from lastagent.core.checkpoint import CheckpointReader, SparkCheckpoint
 from lastagent.core.figures import EpochFigures, EpochTimings, oldest_age_ms
 from lastagent.core.protocol import Branch, CommitBranch, RollbackBranch, WriteDecision
@@ -50,7 +50,13 @@ class Committer:
                  checkpoint: CheckpointReader | None = None, now_ms: Callable[[], int] | None = None) -> None:
         self.options = options
         self.link: str = options.link
-        self.store: ArbitrationStore = store or DeltaArbitrationStore(options.arbitration_table, options.storage)
+        if store is None:
+            # The default adapter: a lastagent-kafka link's arbitration table (imported here, so that the core
+            # needs no Delta library until a store is made).
+            from lastagent.delta.arbitration_table import DeltaArbitrationStore
+
+            store = DeltaArbitrationStore(options.arbitration_table, options.storage)
+        self.store: ArbitrationStore = store
         if xa is None and getattr(options, "has_kafka", True):
             xa = KafkaXAResource(options.client_config)
         self.xa = xa

@@ -14,7 +14,10 @@
 //! `set_properties` therefore writes that one commit itself, as PROTOCOL.md describes it: a
 //! `commitInfo` first (with the in-commit timestamp when the table has them) and the table's
 //! `metaData` with only the given keys changed; no protocol action, so the table's versions and
-//! features stay as they are. It is written put-if-absent, as kernel's own commits are.
+//! features stay as they are. It is written put-if-absent, as kernel's own commits are. The same
+//! writer (`commit_actions`) commits an epoch to a table kernel's transaction refuses (CHECK
+//! constraints, generated columns, legacy protocols) but lastagent writes: there the commit is a
+//! plain append (`commitInfo`, `txn`, the adds), as Spark's writer makes it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -326,9 +329,136 @@ pub fn delta_checkpoint(
     })
 }
 
+/// Writes `version` put-if-absent, as kernel's own commits are written: `commitInfo` (`first`, then the
+/// caller's fields and `engineInfo`) and `actions`. Returns "conflict" when another writer wrote it first.
+fn put_version(
+    engine: &KernelEngine,
+    url: &Url,
+    version: u64,
+    mut first: serde_json::Map<String, serde_json::Value>,
+    mut info: serde_json::Map<String, serde_json::Value>,
+    actions: &[serde_json::Value],
+) -> Result<(String, u64), String> {
+    first.append(&mut info);
+    first.entry("isolationLevel").or_insert_with(|| "Serializable".into());
+    first.insert("engineInfo".into(), ENGINE_INFO.into());
+    let mut body = serde_json::json!({ "commitInfo": first }).to_string();
+    body.push('\n');
+    for action in actions {
+        body.push_str(&action.to_string());
+        body.push('\n');
+    }
+    let path = url.join(&format!("_delta_log/{version:020}.json")).map_err(|e| e.to_string())?;
+    match engine.storage_handler().put(&path, body.into_bytes().into(), false) {
+        Ok(()) => Ok(("committed".into(), version)),
+        Err(KernelError::FileAlreadyExists(_)) => Ok(("conflict".into(), version)),
+        Err(e) => Err(format!("cannot commit to {url}: {e}")),
+    }
+}
+
+/// Writes one commit lastagent composed itself on top of `read_version` ([`put_version`]): the
+/// `commitInfo` gets `timestamp`, `readVersion` and, when the table keeps them, an in-commit timestamp
+/// above the previous one (PROTOCOL.md: the commitInfo's first field). No protocol action unless the
+/// caller gives one.
+fn put_commit(
+    engine: &KernelEngine,
+    url: &Url,
+    snap: &SnapshotRef,
+    read_version: u64,
+    mut info: serde_json::Map<String, serde_json::Value>,
+    actions: &[serde_json::Value],
+) -> Result<(String, u64), String> {
+    let now = now_ms();
+    let mut first = serde_json::Map::new();
+    if let Some(previous) = snap.get_in_commit_timestamp(engine).map_err(|e| e.to_string())? {
+        first.insert("inCommitTimestamp".into(), (now.max(previous + 1)).into());
+    }
+    first.insert("timestamp".into(), now.into());
+    info.insert("readVersion".into(), read_version.into());
+    put_version(engine, url, read_version + 1, first, info, actions)
+}
+
+/// The table's `metaData` at the snapshot, as the log holds it (absent fields left out), to commit again
+/// with a change.
+fn metadata_of(snap: &SnapshotRef) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    let metadata = serde_json::to_value(snap.table_configuration().metadata()).map_err(|e| e.to_string())?;
+    let serde_json::Value::Object(mut object) = metadata else {
+        return Err("the table's metaData is not an object".into());
+    };
+    object.retain(|_, v| !v.is_null());
+    Ok(object)
+}
+
+/// Commits `actions` (JSON objects as the log holds them: `txn`, `add`) with `commit_info` (a JSON
+/// object: the operation, its parameters, lastagent's record) on top of `read_version`, written by
+/// lastagent through kernel's storage layer ([`put_commit`]): the commits of tables whose features
+/// kernel's transaction refuses but lastagent writes (CHECK constraints, generated columns, legacy
+/// protocols), where the commit is a plain append. With `schema`, the table's `metaData` with that
+/// `schemaString` comes first (mergeSchema's new columns, in the epoch's own commit as Spark's writer
+/// makes it).
+///
+/// Returns `("committed", version)` or `("conflict", version)`.
+#[pyfunction]
+#[pyo3(signature = (uri, storage, read_version, table_id, commit_info, actions, schema=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn delta_commit_actions(
+    py: Python<'_>,
+    uri: &str,
+    storage: HashMap<String, String>,
+    read_version: u64,
+    table_id: &str,
+    commit_info: &str,
+    actions: Vec<String>,
+    schema: Option<String>,
+) -> PyResult<(String, u64)> {
+    let info: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(commit_info).map_err(|e| err(format!("commit info {commit_info}: {e}")))?;
+    let mut actions = actions
+        .iter()
+        .map(|a| serde_json::from_str::<serde_json::Value>(a).map_err(|e| err(format!("action {a}: {e}"))))
+        .collect::<PyResult<Vec<_>>>()?;
+    on_snapshot(py, uri, &storage, read_version, table_id, |engine, url, snap| {
+        if let Some(schema) = schema {
+            let mut metadata = metadata_of(&snap)?;
+            metadata.insert("schemaString".into(), schema.into());
+            actions.insert(0, serde_json::json!({ "metaData": metadata }));
+        }
+        put_commit(engine, url, &snap, read_version, info, &actions)
+    })
+}
+
+/// Creates a table: version 0, put-if-absent, with `commit_info` (the operation; `timestamp` and
+/// `engineInfo` added) and `actions` (the `protocol` and `metaData` first, as PROTOCOL.md requires of
+/// version 0, then any `txn` and adds of the commit that creates it).
+///
+/// Returns `("committed", 0)`, or `("conflict", 0)` when the table was created by another writer first.
+#[pyfunction]
+pub fn delta_create_table(
+    py: Python<'_>,
+    uri: &str,
+    storage: HashMap<String, String>,
+    commit_info: &str,
+    actions: Vec<String>,
+) -> PyResult<(String, u64)> {
+    let info: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(commit_info).map_err(|e| err(format!("commit info {commit_info}: {e}")))?;
+    let actions = actions
+        .iter()
+        .map(|a| serde_json::from_str::<serde_json::Value>(a).map_err(|e| err(format!("action {a}: {e}"))))
+        .collect::<PyResult<Vec<_>>>()?;
+    let url = table_url(uri).map_err(err)?;
+    py.detach(|| {
+        let engine = engine_for(&url, &storage)?;
+        let mut first = serde_json::Map::new();
+        first.insert("timestamp".into(), now_ms().into());
+        put_version(&engine, &url, 0, first, info, &actions)
+    })
+    .map_err(err)
+}
+
 /// Sets table properties on top of `read_version` in one commit that changes nothing else (see
-/// the module's notes): `commitInfo` (`SET TBLPROPERTIES`, with an in-commit timestamp above the
-/// previous one when the table keeps them) and the table's `metaData` with `properties` set.
+/// the module's notes): `commitInfo` (`SET TBLPROPERTIES`) and the table's `metaData` with
+/// `properties` set.
 ///
 /// Returns `("committed", version)` or `("conflict", version)`.
 #[pyfunction]
@@ -341,10 +471,8 @@ pub fn delta_set_properties(
     properties: Vec<(String, String)>,
 ) -> PyResult<(String, u64)> {
     on_snapshot(py, uri, &storage, read_version, table_id, |engine, url, snap| {
-        let mut metadata = serde_json::to_value(snap.table_configuration().metadata()).map_err(|e| e.to_string())?;
-        let object = metadata.as_object_mut().ok_or("the table's metaData is not an object")?;
-        object.retain(|_, v| !v.is_null());
-        let configuration = object
+        let mut metadata = metadata_of(&snap)?;
+        let configuration = metadata
             .entry("configuration")
             .or_insert_with(|| serde_json::Value::Object(Default::default()))
             .as_object_mut()
@@ -352,35 +480,14 @@ pub fn delta_set_properties(
         for (k, v) in &properties {
             configuration.insert(k.clone(), serde_json::Value::String(v.clone()));
         }
-        let now = now_ms();
-        let mut info = serde_json::Map::new();
-        if let Some(previous) = snap.get_in_commit_timestamp(engine).map_err(|e| e.to_string())? {
-            info.insert("inCommitTimestamp".into(), (now.max(previous + 1)).into());
-        }
         let changed: HashMap<_, _> = properties.iter().cloned().collect();
-        info.insert("timestamp".into(), now.into());
+        let mut info = serde_json::Map::new();
         info.insert("operation".into(), "SET TBLPROPERTIES".into());
         info.insert(
             "operationParameters".into(),
             serde_json::json!({"properties": serde_json::to_string(&changed).map_err(|e| e.to_string())?}),
         );
-        info.insert("readVersion".into(), read_version.into());
-        info.insert("isolationLevel".into(), "Serializable".into());
         info.insert("isBlindAppend".into(), false.into());
-        info.insert("engineInfo".into(), ENGINE_INFO.into());
-        let body = format!(
-            "{}\n{}\n",
-            serde_json::json!({ "commitInfo": info }),
-            serde_json::json!({ "metaData": metadata })
-        );
-        let version = read_version + 1;
-        let path = url
-            .join(&format!("_delta_log/{version:020}.json"))
-            .map_err(|e| e.to_string())?;
-        match engine.storage_handler().put(&path, body.into_bytes().into(), false) {
-            Ok(()) => Ok(("committed".into(), version)),
-            Err(KernelError::FileAlreadyExists(_)) => Ok(("conflict".into(), version)),
-            Err(e) => Err(format!("cannot commit to {url}: {e}")),
-        }
+        put_commit(engine, url, &snap, read_version, info, &[serde_json::json!({ "metaData": metadata })])
     })
 }

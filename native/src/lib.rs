@@ -770,6 +770,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(delta::delta_write_gate, m)?)?;
     m.add_function(wrap_pyfunction!(delta::delta_commit_epoch, m)?)?;
     m.add_function(wrap_pyfunction!(delta::delta_set_properties, m)?)?;
+    m.add_function(wrap_pyfunction!(delta::delta_commit_actions, m)?)?;
+    m.add_function(wrap_pyfunction!(delta::delta_create_table, m)?)?;
     m.add_function(wrap_pyfunction!(delta::delta_checkpoint, m)?)?;
     m.add_function(wrap_pyfunction!(librdkafka_version, m)?)?;
     m.add_function(wrap_pyfunction!(librdkafka_features, m)?)?;

@@ -22,8 +22,8 @@ import pytest
 import support
 from support import read_committed
 
+from lastagent.delta.files import parse_file_name
 from lastagent.kafka.xa import KafkaXAResource
-from lastagent.sinks.delta_files import parse_file_name
 
 pytestmark = pytest.mark.chaos
 

@@ -23,8 +23,8 @@ import s3_server
 import support
 from support import read_committed
 
+from lastagent.delta.files import parse_file_name
 from lastagent.kafka.xa import KafkaXAResource
-from lastagent.sinks.delta_files import parse_file_name
 from lastagent.storage import location
 
 pytestmark = [pytest.mark.chaos, pytest.mark.objectstore]

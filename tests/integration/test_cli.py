@@ -10,7 +10,8 @@ import uuid
 import pytest
 from support import read_committed
 
-from lastagent.core.arbitration import ArbitrationRecord, DeltaArbitrationStore
+from lastagent.core.arbitration import ArbitrationRecord
+from lastagent.delta.arbitration_table import DeltaArbitrationStore
 from lastagent.kafka.branch import BranchWriter
 
 pytestmark = pytest.mark.integration

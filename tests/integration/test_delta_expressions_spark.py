@@ -1,4 +1,4 @@
-"""lastagent.sinks.delta_expressions against Spark's Delta writer: same types, values, failures.
+"""lastagent.delta.expressions against Spark's Delta writer: same types, values, failures.
 
 For every supported construct, an expression over a table of edge-case rows is made a generated
 column of a Delta table, and Spark's Delta writer computes it: the values it stores, the rows whose
@@ -23,8 +23,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from lastagent.sinks.delta_expressions import RowRules, check_supported
-from lastagent.sinks.delta_features import Constraint, GeneratedColumn
+from lastagent.delta.expressions import RowRules, check_supported
+from lastagent.delta.features import Constraint, GeneratedColumn
 
 pytestmark = pytest.mark.integration
 
@@ -157,7 +157,7 @@ def _write(spark, path: str, rows, columns: str = COLUMNS) -> str | None:
 def _arrow_schema(path: str) -> pa.Schema:
     from deltalake import DeltaTable, Schema
 
-    from lastagent.sinks.delta_files import delta_arrow_schema
+    from lastagent.delta.files import delta_arrow_schema
 
     return delta_arrow_schema(pa.schema(Schema.from_json(DeltaTable(path).schema().to_json()).to_arrow()))
 
@@ -201,7 +201,7 @@ def test_generated_values_failures_and_types_match_spark(utc_spark, tmp_path):
     for e in EXPRESSIONS:
         check_supported(e, base, f"expression {e}")
     # Every expression has the type Spark gives it (Delta requires it to be the generated column's).
-    from lastagent.sinks.delta_expressions import _analyze
+    from lastagent.delta.expressions import _analyze
 
     assert {e: str(_analyze(e, base, "UTC", generated=False).type) for e in EXPRESSIONS} == types
     predicted = {e: _predict(e, base.append(pa.field("g", _arrow_type(types[e]))), ROWS) for e in EXPRESSIONS}

@@ -222,7 +222,7 @@ def test_kernels_write_gate_names_what_it_refuses(spark, tmp_path):
     list, which refuses these cases first): it names the feature, and passes a table kernel writes."""
     from deltalake import DeltaTable
 
-    from lastagent import delta_kernel
+    from lastagent.delta import kernel as delta_kernel
 
     refused, written = str(tmp_path / "refused"), str(tmp_path / "written")
     _make(spark, "CREATE TABLE {t} (id BIGINT) USING delta", ["ALTER TABLE {t} ADD CONSTRAINT c CHECK (id > 0)"], refused)
@@ -340,7 +340,7 @@ def test_a_dead_letter_table_with_a_constraint_is_refused_at_start(spark, source
 
 def test_an_arbitration_table_with_a_constraint_is_refused(spark, tmp_path):
     """The Kafka sink's arbitration table (option arbitrationTable): lastagent's own rows only."""
-    from lastagent.core.arbitration import DeltaArbitrationStore
+    from lastagent.delta.arbitration_table import DeltaArbitrationStore
     from lastagent.errors import UnsupportedTableFeatureError
 
     arb = str(tmp_path / "arb")
@@ -357,9 +357,9 @@ def test_a_table_changed_while_the_epoch_ran_is_not_committed(tmp_path):
     from deltalake import DeltaTable, write_deltalake
 
     from lastagent.core.arbitration import ArbitrationRecord
+    from lastagent.delta.features import TableRules
+    from lastagent.delta.target_table import StagedEpoch, TargetTableStore
     from lastagent.errors import TableChangedError
-    from lastagent.sinks.delta_commit import StagedEpoch, TargetTableStore
-    from lastagent.sinks.delta_features import TableRules
 
     path = str(tmp_path / "t")
     write_deltalake(path, pa.table({"id": pa.array([1], pa.int64())}))

@@ -121,7 +121,7 @@ def test_orphan_files_of_undecided_epochs_are_removed_by_the_next_runs_first_epo
     table = str(tmp_path / "out")
     link = f"d-{uuid.uuid4().hex[:8]}"
     _write(spark, source, tmp_path, table, link=link).awaitTermination()
-    from lastagent.sinks.delta_files import file_name
+    from lastagent.delta.files import file_name
 
     orphan = Path(table) / file_name(link, 1, 99, 0, 0)
     foreign = Path(table) / file_name("someone-else", 1, 99, 0, 0)
@@ -278,7 +278,7 @@ def test_dead_letter_chain_ends_in_a_delta_table(spark, tmp_path, kafka_bootstra
     # Completing an epoch's dead letters again (as a restart does) adds nothing.
     from deltalake import DeltaTable
 
-    from lastagent.sinks.delta_commit import TargetTableStore
+    from lastagent.delta.target_table import TargetTableStore
 
     store = TargetTableStore(table, dead_letter_table=dead)
     version = DeltaTable(dead).version()
@@ -317,8 +317,8 @@ def test_files_of_every_killed_run_of_a_decided_epoch_are_swept(tmp_path):
     from deltalake import DeltaTable
 
     from lastagent.core.arbitration import ArbitrationRecord
-    from lastagent.sinks.delta_commit import StagedEpoch, TargetTableStore
-    from lastagent.sinks.delta_files import FileWriter
+    from lastagent.delta.files import FileWriter
+    from lastagent.delta.target_table import StagedEpoch, TargetTableStore
 
     schema = '{"type":"struct","fields":[{"name":"id","type":"long","nullable":true,"metadata":{}}]}'
     table = str(tmp_path / "t")
@@ -350,7 +350,7 @@ def test_racing_deciders_on_the_target_table_one_wins_and_the_loser_drops_its_fi
     from support import race
 
     from lastagent.core.arbitration import ArbitrationRecord
-    from lastagent.sinks.delta_commit import StagedEpoch, TargetTableStore
+    from lastagent.delta.target_table import StagedEpoch, TargetTableStore
 
     schema = '{"type":"struct","fields":[{"name":"id","type":"long","nullable":true,"metadata":{}}]}'
     store = TargetTableStore(str(tmp_path / "t"), fallback_schema_json=schema)
@@ -380,7 +380,7 @@ def test_data_files_drop_the_dictionary_of_distinct_columns_and_read_back_whole(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from lastagent.sinks.delta_files import FileWriter
+    from lastagent.delta.files import FileWriter
 
     n = 20_000
     batch = pa.record_batch({"key": pa.array([f"k{i}" for i in range(n)]), "topic": pa.array(["t"] * n),

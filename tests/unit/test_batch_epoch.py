@@ -112,7 +112,7 @@ class _Table:
 
 
 def _store(table: _Table):
-    from lastagent.batch_store import BatchEpochTable
+    from lastagent.delta.batch_table import BatchEpochTable
 
     store = BatchEpochTable("/data/orders")
     store.table = lambda: table  # type: ignore[method-assign]
@@ -120,7 +120,7 @@ def _store(table: _Table):
 
 
 def test_the_batch_store_reads_records_generations_and_runs_from_the_table():
-    from lastagent.batch_store import is_batch_link
+    from lastagent.delta.batch_table import is_batch_link
     from lastagent.errors import LastAgentError
 
     claim0, claim1 = be.Claim("orders", 0, "run-a", "n1"), be.Claim("orders", 1, "run-b", "n2")

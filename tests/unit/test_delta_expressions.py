@@ -1,4 +1,4 @@
-"""lastagent.sinks.delta_expressions without Spark: the allow-list, NULLs, failing rows, reasons.
+"""lastagent.delta.expressions without Spark: the allow-list, NULLs, failing rows, reasons.
 
 What Spark's Delta writer does with the same expressions is compared in
 tests/integration/test_delta_expressions_spark.py; the expectations here are those results.
@@ -12,9 +12,9 @@ import random
 import pyarrow as pa
 import pytest
 
+from lastagent.delta.expressions import RowRules, check_supported
+from lastagent.delta.features import Constraint, GeneratedColumn
 from lastagent.errors import LastAgentError, UnsupportedExpressionError
-from lastagent.sinks.delta_expressions import RowRules, check_supported
-from lastagent.sinks.delta_features import Constraint, GeneratedColumn
 
 pytestmark = pytest.mark.unit
 
@@ -319,7 +319,7 @@ def test_generated_expressions_with_repeated_terms_are_refused_when_they_can_fai
 def test_a_default_fills_only_the_column_the_rows_lack_cast_to_its_type():
     """Spark's delta writer fills a missing column's DEFAULT (cast to the column's type: an INT literal in a BIGINT
     column); a column the rows give keeps its values, nulls included."""
-    from lastagent.sinks.delta_features import ColumnDefault
+    from lastagent.delta.features import ColumnDefault
 
     defaults = [ColumnDefault("big", "3"), ColumnDefault("Name", "concat('n', '/a')"), ColumnDefault("amount", "7")]
     rules = RowRules([], [], SCHEMA, provided={"id", "amount"}, defaults=defaults)
@@ -331,7 +331,7 @@ def test_a_default_fills_only_the_column_the_rows_lack_cast_to_its_type():
 
 
 def test_a_default_outside_the_subset_is_refused_at_start_naming_the_column():
-    from lastagent.sinks.delta_features import ColumnDefault
+    from lastagent.delta.features import ColumnDefault
 
     with pytest.raises(UnsupportedExpressionError, match=r"DEFAULT of column 'ts'"):
         check_supported("current_timestamp()", SCHEMA, "DEFAULT of column 'ts' of Delta table /t")

@@ -9,10 +9,10 @@ import json
 import pyarrow as pa
 import pytest
 
+from lastagent.delta.files import _Stats, file_name, parse_file_name, partition_value
+from lastagent.delta.target_table import schema_diff
 from lastagent.errors import OptionError
 from lastagent.sinks import dead_letters, transformer
-from lastagent.sinks.delta_commit import schema_diff
-from lastagent.sinks.delta_files import _Stats, file_name, parse_file_name, partition_value
 from lastagent.sinks.delta_sink_options import DeltaSinkOptions
 
 pytestmark = pytest.mark.unit
@@ -182,7 +182,7 @@ def test_dead_letter_table_alone_needs_no_kafka():
 def test_parquet_dictionary_only_where_values_repeat():
     """Keys, offsets and payloads that rarely repeat are written plain; topic, partition and
     header leaves keep their dictionary (pyarrow would dictionary-encode every column)."""
-    from lastagent.sinks.delta_files import dictionary_columns
+    from lastagent.delta.files import dictionary_columns
 
     n = 1000
     headers = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
@@ -202,7 +202,7 @@ def test_parquet_dictionary_only_where_values_repeat():
 
 def test_a_column_arrow_cannot_count_keeps_its_dictionary():
     """count_distinct has no kernel for some types (a dictionary column): pyarrow's default stands."""
-    from lastagent.sinks.delta_files import dictionary_columns
+    from lastagent.delta.files import dictionary_columns
 
     n = 1000
     batch = pa.record_batch({"offset": pa.array(range(n), pa.int64()),
@@ -211,9 +211,9 @@ def test_a_column_arrow_cannot_count_keeps_its_dictionary():
 
 
 def test_a_commit_that_lost_a_race_is_read_and_tried_again_a_bounded_number_of_times():
-    from deltalake.exceptions import CommitFailedError
 
-    from lastagent.core.arbitration import COMMIT_TRIES, LostRace, until_committed
+    from lastagent.core.arbitration import LostRace
+    from lastagent.delta.table_properties import COMMIT_TRIES, until_committed
     from lastagent.errors import ArbitrationError
 
     tries = []
@@ -221,7 +221,7 @@ def test_a_commit_that_lost_a_race_is_read_and_tried_again_a_bounded_number_of_t
     def loses_twice() -> str:
         tries.append(1)
         if len(tries) == 1:
-            raise CommitFailedError("version 3 already exists")
+            raise LostRace("another writer committed version 3 first")
         if len(tries) == 2:
             raise LostRace("another writer created the table first")
         return "won"
@@ -230,7 +230,7 @@ def test_a_commit_that_lost_a_race_is_read_and_tried_again_a_bounded_number_of_t
 
     def always_loses() -> str:
         tries.append(1)
-        raise CommitFailedError("version taken")
+        raise LostRace("version taken")
 
     tries.clear()
     with pytest.raises(ArbitrationError, match=f"the commit: too many concurrent commits to /t \\({COMMIT_TRIES} tries"):
@@ -245,3 +245,26 @@ def test_a_commit_that_lost_a_race_is_read_and_tried_again_a_bounded_number_of_t
     with pytest.raises(ArbitrationError, match="cannot write"):
         until_committed(fails, "the commit", "/t")
     assert len(tries) == 1  # anything but a lost race is not tried again
+
+
+def test_a_plain_append_is_the_txn_then_each_add_with_its_path_encoded_as_the_log_holds_it():
+    from lastagent.delta.kernel import append_actions
+
+    add = {"path": "day=2026-11-28 10%3A00/part-0.parquet", "size": 10, "partitionValues": {"day": "x"},
+           "modificationTime": 5, "dataChange": True, "stats": '{"numRecords":3}'}
+    txn, logged = append_actions([add], "orders", 7, 123)
+    assert txn == {"txn": {"appId": "orders", "version": 7, "lastUpdated": 123}}
+    assert logged == {"add": {**add, "path": "day=2026-11-28%2010%253A00/part-0.parquet"}}
+    assert append_actions([], "orders", 8, 1) == [{"txn": {"appId": "orders", "version": 8, "lastUpdated": 1}}]
+
+
+def test_a_streaming_epochs_commit_info_is_sparks_with_the_record_and_the_epochs_metrics():
+    from lastagent.delta.kernel import streaming_commit_info
+
+    adds = [{"size": 100, "stats": '{"numRecords":3}'}, {"size": 50, "stats": '{"numRecords":2}'}, {"size": 7}]
+    info = streaming_commit_info(4, {"lastagent.epoch": "4", "userMetadata": "{}"}, adds)
+    assert info["operation"] == "STREAMING UPDATE" and info["isBlindAppend"] is True
+    assert info["operationParameters"] == {"outputMode": "Append", "epochId": "4"}
+    assert info["operationMetrics"] == {"numAddedFiles": "3", "numRemovedFiles": "0", "numOutputRows": "5",
+                                        "numOutputBytes": "157"}
+    assert info["lastagent.epoch"] == "4" and info["userMetadata"] == "{}"

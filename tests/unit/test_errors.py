@@ -15,7 +15,7 @@ from lastagent import errors
 
 pytestmark = pytest.mark.unit
 
-#: Raised and caught inside one function (``arbitration.until_committed`` retries on it); never reaches a caller.
+#: Raised and caught inside one function (``table_properties.until_committed`` retries on it); never reaches a caller.
 INTERNAL = {"LostRace"}
 
 
@@ -52,3 +52,30 @@ def test_what_executors_import_leaves_the_drivers_transaction_client_out(name):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]", f"{name} imports {done.stdout.strip()}"
+
+
+def _imports(path) -> set[str]:
+    """Every module a source file imports, wherever in the file (function-level imports too)."""
+    import ast
+
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+    return found
+
+
+def test_the_core_imports_nothing_of_the_sinks_and_its_port_no_delta_library():
+    """core/ holds the protocol, the ports, the ownership rules and the record; the Delta side is lastagent.delta
+    (the committer builds its default store from there, nothing else in core names it)."""
+    from pathlib import Path
+
+    core = Path(lastagent.__file__).parent / "core"
+    assert sorted(p.name for p in core.glob("*.py"))  # the package as installed has its sources
+    wrong = {f"{p.name}: {m}" for p in core.glob("*.py") for m in _imports(p)
+             if m.startswith(("lastagent.sinks", "lastagent.sources", "pyspark"))
+             or (m.startswith(("lastagent.delta", "deltalake")) and p.name != "committer.py")}
+    assert not wrong, f"core imports what it must not: {sorted(wrong)}"

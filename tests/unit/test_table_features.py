@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lastagent.sinks.delta_features import (
+from lastagent.delta.features import (
     FEATURES,
     Constraint,
     GeneratedColumn,
@@ -19,7 +19,7 @@ from lastagent.sinks.delta_features import (
     table_features,
     write_rules,
 )
-from lastagent.sinks.delta_files import FileWriter, physical_fields
+from lastagent.delta.files import FileWriter, physical_fields
 from lastagent.sinks.table_rows import RowChecker
 
 pytestmark = pytest.mark.unit
@@ -97,12 +97,12 @@ def test_rules_gather_constraints_generated_columns_not_null_paths_and_column_ma
     rules = _rules(2, 7, None, ["columnMapping", "checkConstraints", "generatedColumns", "v2Checkpoint"],
                    {"delta.columnMapping.mode": "name", "delta.constraints.pos": "id > 0"}, schema)
     assert rules == TableRules("name", (Constraint("pos", "id > 0"),), (GeneratedColumn("d", "id * 2"),),
-                               ("id", "s.x"), checkpoint=False)
+                               ("id", "s.x"))
 
 
 def test_docs_carry_the_feature_table():
     docs = (Path(__file__).parents[2] / "docs" / "delta.md").read_text()
-    assert markdown() in docs, "docs/delta.md is stale: python -m lastagent.sinks.delta_features"
+    assert markdown() in docs, "docs/delta.md is stale: python -m lastagent.delta.features"
 
 
 def test_not_null_is_checked_through_structs():
@@ -160,15 +160,15 @@ def test_a_value_longer_than_its_varchar_goes_to_the_dead_letters():
                                       ["inCommitTimestamp"], ["domainMetadata"]])
 def test_a_feature_only_kernel_commits_with_sends_the_commits_through_kernel(features):
     """Row tracking, clustering, in-commit timestamps and domain metadata are written, by Delta Kernel; a
-    v2-checkpoint table among them gets its checkpoints from kernel too."""
+    v2-checkpoint table is written with or without them (its checkpoints come from kernel either way)."""
     assert _rules(1, 7, None, features) == TableRules(kernel=True)
     assert _rules(3, 7, ["deletionVectors", "v2Checkpoint"], [*features, "deletionVectors", "v2Checkpoint"]) == \
-        TableRules(kernel=True, checkpoint=True)
-    assert _rules(3, 7, ["v2Checkpoint"], ["v2Checkpoint"]) == TableRules(checkpoint=False)
+        TableRules(kernel=True)
+    assert _rules(3, 7, ["v2Checkpoint"], ["v2Checkpoint"]) == TableRules()
 
 
 def test_column_defaults_are_rules_committed_by_kernel_nested_ones_refused():
-    from lastagent.sinks.delta_features import ColumnDefault
+    from lastagent.delta.features import ColumnDefault
 
     schema = _schema(_field("id"), _field("amount", CURRENT_DEFAULT="7"))
     assert _rules(1, 7, None, ["allowColumnDefaults"], schema=schema) == TableRules(
@@ -191,7 +191,7 @@ def test_lastagents_own_tables_with_a_kernel_feature_are_refused_by_name():
     """The dead-letter and arbitration tables are written by delta-rs: row tracking there is refused, naming it."""
     from types import SimpleNamespace
 
-    from lastagent.sinks.delta_features import require_plain
+    from lastagent.delta.features import require_plain
 
     protocol = SimpleNamespace(min_reader_version=1, min_writer_version=7, reader_features=None,
                                writer_features=["rowTracking", "domainMetadata"])

@@ -8,7 +8,7 @@ table, before anything is claimed or written.
 Delta's protocol says a writer must not write to a table whose writer features it does not
 support. :data:`FEATURES` is the one list: every feature of the current Delta protocol (and the
 preview names Spark and Databricks write), with what the sink does about it. A feature not in
-the list is refused. ``docs/delta.md`` is generated from it (``python -m lastagent.sinks.delta_features``).
+the list is refused. ``docs/delta.md`` is generated from it (``python -m lastagent.delta.features``).
 """
 
 from __future__ import annotations
@@ -61,16 +61,16 @@ FEATURES: tuple[Feature, ...] = (
     Feature("timestampNtz", True, True, "TIMESTAMP_NTZ columns are written as parquet timestamps not adjusted to UTC"),
     Feature("vacuumProtocolCheck", True, True, "concerns VACUUM only; appends are unaffected"),
     Feature("v2Checkpoint", True, True,
-            "appends are plain commits; on a table whose commits go through Delta Kernel the checkpoints are V2 "
-            "ones from kernel, elsewhere delta-rs's checkpoint is turned off on such a table (its classic checkpoint "
-            "would not follow the V2 spec) and Spark's own writes and OPTIMIZE make them"),
+            "appends are plain commits; the checkpoints every delta.checkpointInterval versions are V2 ones, "
+            "written by Delta Kernel"),
     Feature("allowColumnDefaults", False, True,
             "a top-level column the query does not give gets its DEFAULT, computed on the executors by the "
             "expression engine of generated columns (an expression outside its subset is refused at start); a "
             "column the query gives keeps its values, nulls included; the commit is made by Delta Kernel"),
     Feature("identityColumns", False, False,
-            "identity values and the column's high-water mark would have to be assigned in the commit; delta-rs "
-            "1.6.6 refuses to commit to such a table"),
+            "identity values would have to come from ranges no two tasks share and the column's high-water mark "
+            "move in the epoch's commit (its metaData), which Delta Kernel 0.30.1's transaction cannot carry; "
+            "kernel refuses such a table at its write gate"),
     Feature("rowTracking", False, True,
             "each file gets a baseRowId and defaultRowCommitVersion and the commit moves the row-id high-water mark "
             "(Delta Kernel's transaction), so `_metadata.row_id` is unique across epochs and tasks and Spark's "
@@ -164,10 +164,9 @@ class TableRules:
         constraints: the table's CHECK constraints.
         generated: the table's generated columns.
         not_null: paths of the columns (``a`` or ``a.b`` for a struct's field) declared NOT NULL.
-        checkpoint: whether a checkpoint may follow a commit (not delta-rs's on v2Checkpoint tables).
         defaults: the table's column defaults (``allowColumnDefaults``).
         kernel: the table has a feature only Delta Kernel commits with (:data:`KERNEL_FEATURES`): the epoch's
-            commit goes through kernel, and mergeSchema (a delta-rs schema commit) is refused.
+            commit goes through kernel's transaction, and mergeSchema is refused (that transaction cannot add them).
         lengths: (column, n) of the top-level VARCHAR(n) and CHAR(n) columns: Spark's writer refuses a
             longer value (``length(column) <= n``) and stores the value as given (read-side padding).
     """
@@ -176,7 +175,6 @@ class TableRules:
     constraints: tuple[Constraint, ...] = ()
     generated: tuple[GeneratedColumn, ...] = ()
     not_null: tuple[str, ...] = ()
-    checkpoint: bool = True
     lengths: tuple[tuple[str, int], ...] = ()
     kernel: bool = False
     defaults: tuple[ColumnDefault, ...] = ()
@@ -318,8 +316,7 @@ def write_rules(table: str, role: str, min_reader: int, min_writer: int, reader_
         found = "checkConstraints" if constraints else "generatedColumns"
         raise refuse(found, f"the table also has {kernel}, whose commits lastagent makes through "
                             f"Delta Kernel, and Delta Kernel 0.30.1 refuses to write to a table with {found}")
-    return TableRules(mode, constraints, generated, tuple(_not_null(schema)),
-                      bool(kernel) or "v2Checkpoint" not in named, lengths, bool(kernel), defaults)
+    return TableRules(mode, constraints, generated, tuple(_not_null(schema)), lengths, bool(kernel), defaults)
 
 
 def rules_of(table: Any, where: str, role: str) -> TableRules:

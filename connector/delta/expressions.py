@@ -84,8 +84,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from lastagent.delta.features import ColumnDefault, Constraint, GeneratedColumn
 from lastagent.errors import UnsupportedExpressionError
-from lastagent.sinks.delta_features import ColumnDefault, Constraint, GeneratedColumn
 
 __all__ = ["RowRules", "UnsupportedExpressionError", "check_supported"]
 

@@ -22,34 +22,34 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from lastagent import delta_kernel
 from lastagent.core.arbitration import (
     ArbitrationError,
     ArbitrationRecord,
     Decision,
-    DeltaArbitrationStore,
-    LatestTable,
     LinkMismatchError,
     LostRace,
     Ownership,
+    decision_metadata,
+    figures_in_history,
+    owner_keys,
+    ownership_properties,
+    stale,
+)
+from lastagent.core.figures import EpochFigures
+from lastagent.delta import files as delta_files
+from lastagent.delta import kernel as delta_kernel
+from lastagent.delta.arbitration_table import DeltaArbitrationStore, LatestTable
+from lastagent.delta.features import TableRules, require_plain, rules_of
+from lastagent.delta.files import kernel_add
+from lastagent.delta.table_properties import (
     accept_lost_on_delta,
     accepted_lost_on_delta,
     alter_properties,
     claim_on_delta,
-    decision_metadata,
     delta_ownership,
-    figures_in_history,
-    lost_races,
-    owner_keys,
-    ownership_properties,
-    stale,
     until_committed,
 )
-from lastagent.core.figures import EpochFigures
 from lastagent.errors import SchemaMismatchError, TableChangedError, UnsupportedTableFeatureError
-from lastagent.sinks import delta_files
-from lastagent.sinks.delta_features import TableRules, require_plain, rules_of
-from lastagent.sinks.delta_files import kernel_add
 from lastagent.storage import Location, StorageConfig, location
 
 log = logging.getLogger("lastagent.delta")
@@ -72,7 +72,7 @@ class StagedEpoch:
         attempts: (Spark partition, attempt) of every task whose files are in ``adds`` or
             ``dead_letter_adds``.
         dead_letter_adds: add actions of the epoch's files for the dead-letter table.
-        rules: what the tasks did to the rows (:class:`~lastagent.sinks.delta_features.TableRules`,
+        rules: what the tasks did to the rows (:class:`~lastagent.delta.features.TableRules`,
             from the table as read at the epoch's start); the commit refuses a table that has
             changed them since.
     """
@@ -114,6 +114,14 @@ def schema_diff(table_json: str, rows_json: str, merge: bool) -> tuple[list[str]
             problems.append(f"column '{f['name']}': the table has {json.dumps(_strip(have['type']))}, "
                             f"the query gives {json.dumps(_strip(f['type']))}")
     return problems, new
+
+
+def _delta_json(schema_json: str) -> str:
+    """A schema (Spark's or Delta's JSON) as delta-rs writes it into ``schemaString``: read and written again, so a
+    schema that Delta cannot hold is refused here, before any commit."""
+    from deltalake import Schema
+
+    return Schema.from_json(schema_json).to_json()
 
 
 def schema_error(path: str, problems: list[str]) -> SchemaMismatchError:
@@ -237,15 +245,14 @@ class TargetTableStore:
         return table
 
     def _create_empty(self) -> None:
-        from deltalake import Schema
-        from deltalake.transaction import create_table_with_add_actions
-
         assert self.fallback_schema_json is not None, "only called when the schema is known"
         try:
-            create_table_with_add_actions(self._where.uri, Schema.from_json(self.fallback_schema_json), [],
-                                          mode="ignore", partition_by=list(self.partition_by) or None,
-                                          storage_options=self.storage.delta_options(self._where))
-        except Exception as exc:  # a concurrent creator may have won; table() decides below
+            delta_kernel.create_table(self._where.uri, self.storage.delta_options(self._where),
+                                      {"operation": "CREATE TABLE", "isBlindAppend": True, "operationParameters": {
+                                          "partitionBy": json.dumps(list(self.partition_by))}},
+                                      delta_kernel.new_table(_delta_json(self.fallback_schema_json), self.partition_by,
+                                                             int(time.time() * 1000)), "the empty target table")
+        except (LostRace, ArbitrationError) as exc:  # a concurrent creator may have won; table() decides below
             log.info("creating Delta table %s: %s", self.path, exc)
 
     def ownership(self, link: str) -> Ownership | None:
@@ -304,32 +311,37 @@ class TargetTableStore:
             f.write(body)
         fs_.move(f"{path}.tmp", path)  # whole or not at all: a torn record must not read as "through -1"
 
-    def _checkpoint_as_spark(self, table: Any, version: int, rules: TableRules) -> None:
+    def _checkpoint_as_spark(self, table: Any, version: int) -> None:
         """A checkpoint at ``version`` when Spark's writer would make one there. Driver, after a decision.
 
         Spark's writer makes one every ``delta.checkpointInterval`` versions, 10 where the table does not set it
-        (``DeltaConfigs.CHECKPOINT_INTERVAL``). delta-rs's post-commit hook follows a set interval but counts 100
-        otherwise, so on such a table readers of a streaming table would replay ten times more JSON than Spark's
-        writer leaves them; a table whose commits go through Delta Kernel gets every checkpoint from here
-        (kernel writes V1 or V2 as the table's features say). A checkpoint that fails is logged: the decision
-        stands, only readers are slower.
+        (``DeltaConfigs.CHECKPOINT_INTERVAL``); delta-rs counted 100 there, so readers of a streaming table replayed
+        ten times more JSON than Spark's writer leaves them. Written by Delta Kernel, classic or V2 as the table's
+        features say. A checkpoint that fails is logged: the decision stands, only readers are slower.
+
+        After it, as Spark's writer does after a checkpoint, the log's expired entries go
+        (``delta.logRetentionDuration``, 30 days by default; not where ``delta.enableExpiredLogCleanup`` is false):
+        delta-rs's ``cleanup_metadata``, which deletes only commits older than that and older than a checkpoint, so
+        every version still kept can be read. Not on a ``v2Checkpoint`` table, whose checkpoint files delta-rs does
+        not list as checkpoints (Spark's own writes clean its log).
         """
-        if not rules.checkpoint:
-            return
-        interval = table.metadata().configuration.get("delta.checkpointInterval")
-        if version % int(interval or SPARK_CHECKPOINT_INTERVAL) or (interval and not rules.kernel):
+        configuration = table.metadata().configuration
+        if version % int(configuration.get("delta.checkpointInterval") or SPARK_CHECKPOINT_INTERVAL):
             return
         try:
-            if rules.kernel:
-                delta_kernel.checkpoint(table.table_uri, self.storage.delta_options(self._where), version,
-                                        table.metadata().id)
-                return
-            table.update_incremental()
-            if table.version() == version:  # another writer's newer commit would get its own
-                table.create_checkpoint()
-        except Exception as exc:  # delta-rs raises plain errors; the epoch is decided either way
+            delta_kernel.checkpoint(table.table_uri, self.storage.delta_options(self._where), version,
+                                    table.metadata().id)
+        except ArbitrationError as exc:
             log.warning("Delta table %s: checkpoint at version %d failed (readers replay the JSON log until the "
                         "next one): %s", self.path, version, exc)
+            return
+        if configuration.get("delta.enableExpiredLogCleanup", "true").lower() == "false" or \
+                "v2Checkpoint" in (table.protocol().writer_features or ()):
+            return
+        try:
+            table.cleanup_metadata()
+        except Exception as exc:  # delta-rs raises plain errors; the log only stays longer
+            log.warning("Delta table %s: removing expired log entries failed: %s", self.path, exc)
 
     def decide(self, record: ArbitrationRecord, generation: int, staged: StagedEpoch | None = None) -> Decision:
         """Commits the epoch's files, txn and record in one Delta commit, unless already decided.
@@ -339,9 +351,6 @@ class TargetTableStore:
             StaleOwnerError: ``generation`` is no longer the link's (nothing committed).
             ArbitrationError: the table cannot be read or written (nothing decided by this call).
         """
-        from deltalake import Schema
-        from deltalake.transaction import CommitProperties, PostCommitHookProperties, Transaction, create_table_with_add_actions
-
         staged = staged or StagedEpoch((), None, ())
         if not record.decided_at_ms:
             record = replace(record, decided_at_ms=int(time.time() * 1000))
@@ -357,13 +366,6 @@ class TargetTableStore:
         if staged.dead_letter_adds:
             # Part of the decision: a restart commits exactly these files to the dead-letter table.
             metadata["lastagent.dead_letter_adds"] = json.dumps(list(staged.dead_letter_adds))
-        # max_commit_retries=0: delta-rs would otherwise re-try a commit that lost its version to another
-        # writer at the next version, without checking it against what that writer committed: two first
-        # runs racing to create the table both "won" epoch 0, one commit each (seen on a local disk and
-        # on S3). Every lost race comes back here instead, and until_committed re-reads and decides.
-        props = CommitProperties(custom_metadata=metadata, max_commit_retries=0, app_transactions=[
-            Transaction(app_id=record.link, version=record.epoch, last_updated=record.decided_at_ms)])
-        adds = delta_files.add_actions(list(staged.adds))
 
         def attempt() -> Decision:
             table = self.table()
@@ -384,41 +386,44 @@ class TargetTableStore:
                 if table is None:
                     schema_json = staged.schema_json or self.fallback_schema_json
                     if schema_json is None:
-                        if adds or record.branches or staged.dead_letter_adds:
+                        if staged.adds or record.branches or staged.dead_letter_adds:
                             raise ArbitrationError(
                                 f"cannot create Delta table {self.path}: the transformer produced no row yet, so "
                                 "its schema is unknown; create the table first or let the first batch have rows")
                         self._record_empty(record.link, record.epoch)
                         return Decision(record, won=True)  # nothing written, nothing to decide
-                    create_table_with_add_actions(self._where.uri, Schema.from_json(schema_json), adds,
-                                                  mode="error", partition_by=list(self.partition_by) or None,
-                                                  storage_options=self.storage.delta_options(self._where),
-                                                  commit_properties=props)
+                    delta_kernel.create_table(
+                        self._where.uri, self.storage.delta_options(self._where),
+                        delta_kernel.streaming_commit_info(record.epoch, metadata, staged.adds),
+                        [*delta_kernel.new_table(_delta_json(schema_json), self.partition_by, record.decided_at_ms),
+                         *delta_kernel.append_actions(staged.adds, record.link, record.epoch, record.decided_at_ms)],
+                        f"epoch {record.epoch} of link {record.link!r}")
                     self._record_first_run(record.link)
-                elif (rules := self._same_rules(table, staged)).kernel:
-                    self._fit(table, staged, rules)
-                    version = delta_kernel.commit_epoch(table.table_uri, self.storage.delta_options(self._where),
-                                                        table.version(), table.metadata().id,
-                                                        [kernel_add(a) for a in staged.adds], record.link,
-                                                        record.epoch, metadata, record.epoch)
-                    self._checkpoint_as_spark(table, version, rules)
                 else:
-                    schema = self._fit(table, staged, rules)
-                    version = table.version() + 1  # max_commit_retries=0: this version or none
-                    table.create_write_transaction(adds, "append", schema,
-                                                   partition_by=table.metadata().partition_columns or None,
-                                                   commit_properties=props,
-                                                   post_commithook_properties=PostCommitHookProperties(
-                                                       create_checkpoint=rules.checkpoint))
-                    self._checkpoint_as_spark(table, version, rules)
+                    rules = self._same_rules(table, staged)
+                    merged = self._fit(table, staged, rules)
+                    storage = self.storage.delta_options(self._where)
+                    if rules.kernel:  # a feature only kernel's transaction writes
+                        version = delta_kernel.commit_epoch(table.table_uri, storage, table.version(),
+                                                            table.metadata().id, [kernel_add(a) for a in staged.adds],
+                                                            record.link, record.epoch, metadata, record.epoch)
+                    else:  # a plain append: commitInfo, txn, adds, written put-if-absent through kernel's storage
+                        version = delta_kernel.commit_actions(
+                            table.table_uri, storage, table.version(), table.metadata().id,
+                            delta_kernel.streaming_commit_info(record.epoch, metadata, staged.adds),
+                            delta_kernel.append_actions(staged.adds, record.link, record.epoch, record.decided_at_ms),
+                            f"epoch {record.epoch} of link {record.link!r}", merged)
+                    if merged is not None:
+                        log.info("Delta table %s: added column(s) %s (mergeSchema)", self.path,
+                                 sorted({f["name"] for f in json.loads(merged)["fields"]}
+                                        - {f["name"] for f in json.loads(table.schema().to_json())["fields"]}))
+                    self._checkpoint_as_spark(table, version)
                 return Decision(record, won=True)
-            except lost_races():
+            except LostRace:
                 raise
             except (SchemaMismatchError, ArbitrationError, UnsupportedTableFeatureError):
                 raise
-            except Exception as exc:  # delta-rs raises plain errors for "table exists"
-                if table is None and self.table() is not None:
-                    raise LostRace(f"another writer created {self.path} first") from exc  # decide against it
+            except Exception as exc:  # delta-rs (reading the table) raises plain errors
                 raise ArbitrationError(f"cannot commit to Delta table {self.path}: {exc}") from exc
 
         return until_committed(attempt, f"the Delta commit of link {record.link!r} epoch {record.epoch}", self.path)
@@ -471,17 +476,18 @@ class TargetTableStore:
                 "committed. Restart the query: it checks the rows against the table as it is now")
         return rules
 
-    def _fit(self, table: Any, staged: StagedEpoch, rules: TableRules) -> Any:
-        """The schema to commit with; adds the rows' new columns first when merging.
+    def _fit(self, table: Any, staged: StagedEpoch, rules: TableRules) -> str | None:
+        """The schema the epoch's commit sets (the table's with the rows' new columns, when merging), or None when the
+        table's schema stays.
 
         Raises:
             SchemaMismatchError: the rows do not fit, or would add columns to a table whose commits go through
-                Delta Kernel (mergeSchema there is not built yet: a new column is an ALTER TABLE first).
+                Delta Kernel's transaction (mergeSchema there is not built yet: a new column is an ALTER TABLE first).
         """
-        current = table.schema()
         if staged.schema_json is None:
-            return current
-        problems, new = schema_diff(current.to_json(), staged.schema_json, self.merge_schema)
+            return None
+        current = table.schema().to_json()
+        problems, new = schema_diff(current, staged.schema_json, self.merge_schema)
         if not problems and new and rules.kernel:
             problems = [f"column {f['name']!r} is not in the table, and mergeSchema does not add columns to a table "
                         "whose commits go through Delta Kernel (row tracking, clustering, in-commit timestamps, "
@@ -490,14 +496,11 @@ class TargetTableStore:
         if problems:
             raise schema_error(self.path, problems)
         if not new:
-            return current
-        from deltalake import Field
-
-        # A nullable column added on its own commit is harmless if the epoch never commits: the
-        # end state is what Delta's mergeSchema gives.
-        table.alter.add_columns([Field.from_json(json.dumps(f)) for f in new])
-        log.info("Delta table %s: added column(s) %s (mergeSchema)", self.path, [f["name"] for f in new])
-        return table.schema()
+            return None
+        # Nullable columns at the end, in the epoch's own commit (Spark's mergeSchema on a streaming append).
+        merged = json.loads(current)
+        merged["fields"] = [*merged["fields"], *new]
+        return _delta_json(json.dumps(merged))
 
     def discard(self, staged: StagedEpoch) -> None:
         """Deletes staged files that no decision references."""
@@ -527,15 +530,9 @@ class TargetTableStore:
             return 0
         from deltalake import DeltaTable, Schema
         from deltalake.exceptions import TableNotFoundError
-        from deltalake.transaction import CommitProperties, Transaction, create_table_with_add_actions
 
         from lastagent.sinks.dead_letters import TABLE_SCHEMA
 
-        # No delta-rs re-try (see decide): a lost race re-reads the table's txn (until_committed).
-        props = CommitProperties(custom_metadata={"lastagent.link": link, "lastagent.epoch": str(epoch)},
-                                 max_commit_retries=0,
-                                 app_transactions=[Transaction(app_id=link, version=epoch,
-                                                               last_updated=int(time.time() * 1000))])
         dead = self._dead_where
         assert dead is not None, "dead_letter_table is set"
 
@@ -548,22 +545,25 @@ class TargetTableStore:
             if done is not None and done >= epoch:
                 return 0
             try:
+                now = int(time.time() * 1000)
+                info = {"operation": "WRITE", "operationParameters": {"mode": "Append", "partitionBy": "[]"},
+                        "isBlindAppend": True, "lastagent.link": link, "lastagent.epoch": str(epoch)}
+                what = f"the dead letters of link {link!r} epoch {epoch}"
                 if table is None:
-                    create_table_with_add_actions(dead.uri, Schema.from_arrow(TABLE_SCHEMA),
-                                                  delta_files.add_actions(adds), mode="error",
-                                                  storage_options=self.storage.delta_options(dead),
-                                                  commit_properties=props)
+                    schema = Schema.from_arrow(TABLE_SCHEMA).to_json()
+                    delta_kernel.create_table(dead.uri, self.storage.delta_options(dead), info,
+                                              [*delta_kernel.new_table(schema, (), now),
+                                               *delta_kernel.append_actions(adds, link, epoch, now)], what)
                 else:
-                    table.create_write_transaction(delta_files.add_actions(adds), "append", table.schema(),
-                                                   commit_properties=props)
+                    delta_kernel.commit_actions(table.table_uri, self.storage.delta_options(dead), table.version(),
+                                                str(table.metadata().id), info,
+                                                delta_kernel.append_actions(adds, link, epoch, now), what)
                 log.info("link %s epoch %d: %d dead-letter file(s) committed to %s", link, epoch, len(adds),
                          self.dead_letter_table)
                 return len(adds)
-            except lost_races():
+            except (LostRace, ArbitrationError):
                 raise
-            except Exception as exc:  # "table exists" from a racing creator: re-read
-                if table is None:
-                    raise LostRace(f"another writer created {self.dead_letter_table} first") from exc
+            except Exception as exc:  # delta-rs (reading the table) raises plain errors
                 raise ArbitrationError(f"cannot commit dead letters of {link!r} epoch {epoch} to "
                                        f"{self.dead_letter_table}: {exc}") from exc
 

@@ -305,7 +305,7 @@ class FileWriter:
         size = f.stream.tell()
         f.stream.close()
         self.adds.append({
-            # The path as on disk: delta-rs URI-encodes it when it writes the log.
+            # The path as on disk: the driver URI-encodes it for the log (kernel_add).
             "path": f.relative, "size": size, "partitionValues": f.partition_values,
             "modificationTime": int(time.time() * 1000), "dataChange": True, "stats": f.stats.to_json(),
         })
@@ -327,14 +327,22 @@ class FileWriter:
 
 
 def kernel_add(add: dict[str, Any]) -> dict[str, Any]:
-    """The add action as Delta Kernel takes it: the path URI-encoded as the log holds it (delta-rs encodes it
-    itself; a partition directory's ``%`` escapes become ``%25``). Driver side."""
+    """The add action as the Delta log holds it: the path URI-encoded (a partition directory's ``%`` escapes become
+    ``%25``). Driver side."""
     return {**add, "path": quote(add["path"], safe="/=:@!$&'()*+,;")}
 
 
-def add_actions(adds: list[dict[str, Any]]) -> list[Any]:
-    """deltalake AddAction objects from the JSON-able dicts tasks return. Driver side."""
-    from deltalake.transaction import AddAction
+def write_table_file(filesystem: Any, root: str, table: pa.Table) -> dict[str, Any]:
+    """Writes ``table`` as one parquet file with a name of its own under ``root`` and returns its add action (with
+    statistics). Driver side: the rows of lastagent's own arbitration table."""
+    import pyarrow.parquet as pq
 
-    return [AddAction(a["path"], a["size"], a["partitionValues"], a["modificationTime"], a["dataChange"], a["stats"])
-            for a in adds]
+    relative = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+    stats = _Stats()
+    for batch in table.to_batches():
+        stats.add(batch)
+    with filesystem.open_output_stream(f"{root}/{relative}") as stream:
+        pq.write_table(table, stream, compression="snappy")
+        size = stream.tell()
+    return {"path": relative, "size": size, "partitionValues": {}, "modificationTime": int(time.time() * 1000),
+            "dataChange": True, "stats": stats.to_json()}
