@@ -15,10 +15,12 @@ TEST_JVM  := .cache/spark/cds/.complete
 # Portable wheels (docs/install.md): manylinux_2_28, cp310-abi3, for each of WHEEL_ARCHS, into dist/, without
 # Docker: cargo-zigbuild and zig (from PyPI) as C compiler and linker against glibc 2.28, OpenSSL and zlib built
 # from source and linked in statically (native/ feature `portable`); checked by auditwheel show. make setup builds
-# this machine's wheel and installs it, so the tests, the demo and users run the same extension. About 3 minutes
-# per architecture on a 2-core machine the first time (OpenSSL and librdkafka from source); cargo's target dir is
-# .cache/wheel-target, and after that only what changed is rebuilt. Needs cargo, and rustup's standard library
-# for each other architecture (rustup target add aarch64-unknown-linux-gnu).
+# this machine's wheel and installs it, so the tests, the demo and users run the same extension. 10 to 16 minutes
+# per architecture on a 2-core machine the first time (Delta Kernel's stack; OpenSSL and librdkafka from source);
+# cargo's target dir is ~/.cache/lastagent/wheel-target (LASTAGENT_CARGO_TARGET_DIR), shared by every clone on the
+# machine as pip's and Maven's caches are, and after that only what changed is rebuilt (from a new clone:
+# lastagent's own crate, 1 to 2 minutes). Needs cargo, and rustup's standard library for each other architecture
+# (rustup target add aarch64-unknown-linux-gnu).
 HOST_ARCH   := $(shell uname -m)
 WHEEL_ARCHS ?= x86_64 aarch64
 WHEEL_TOOLS := .cache/wheel-tools
@@ -230,5 +232,6 @@ bench: setup kafka-up
 docs: setup
 	$(PYTHON) -m lastagent.options_doc > docs/options.md
 
+# cargo's target dir (~/.cache/lastagent/wheel-target) is shared by every clone and stays; rm -rf it to build anew.
 clean:
 	rm -rf $(VENV) .cache build dist *.egg-info

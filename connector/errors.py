@@ -178,6 +178,11 @@ class TableChangedError(SchemaMismatchError):
     """The table's features, constraints or generated columns changed while the epoch ran; nothing was committed."""
 
 
+class IdentityExhaustedError(LastAgentError):
+    """An identity column's next values would pass the range of BIGINT (or a task's partition is past the slots the
+    values interleave); the task wrote nothing that is committed."""
+
+
 class UnsupportedExpressionError(LastAgentError):
     """A CHECK constraint or generation expression this module cannot evaluate exactly as Spark does.
 

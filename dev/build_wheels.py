@@ -36,18 +36,42 @@ GLIBC = "2.28"
 NATIVE_MEMBER = "lastagent/_native.abi3.so"
 
 
+def default_target_dir() -> Path:
+    """cargo's target dir: ``LASTAGENT_CARGO_TARGET_DIR``, else ``lastagent/wheel-target`` in the user's cache
+    directory (``$XDG_CACHE_HOME``, else ``~/.cache``), shared by every clone on the machine as pip's, cargo's
+    registry and Maven's caches are. The first build compiles Delta Kernel's stack, librdkafka and OpenSSL (10 to
+    16 minutes on a 2-core machine); a later build, from any clone, compiles lastagent's own crate only."""
+    given = os.environ.get("LASTAGENT_CARGO_TARGET_DIR")
+    if given:
+        return Path(given)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lastagent" / "wheel-target"
+
+
+def _wrappers(target_dir: Path) -> Path:
+    """The C toolchain's wrapper scripts (dev/wheels/zig*), copied beside the target dir: build scripts note the
+    compiler's path (the cc crate reruns when CC changes), so it must be the same path from every clone."""
+    where = target_dir / "wrappers"
+    where.mkdir(parents=True, exist_ok=True)
+    for name in ("zigcc", "zigcxx", "zigar", "zigranlib"):
+        source, copy = ROOT / "dev" / "wheels" / name, where / name
+        if not copy.exists() or copy.read_bytes() != source.read_bytes():
+            shutil.copy2(source, copy)  # a changed wrapper is a changed compiler: cargo rebuilds what used it
+    return where
+
+
 def _env(arch: str, target_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
+    wrappers = _wrappers(target_dir)
     tools = str(Path(sys.executable).parent)
     # cargo-zigbuild and the zig it runs (python -m ziglang) come from the wheel tools' virtualenv.
     env["PATH"] = tools + os.pathsep + env.get("PATH", "")
     env.update({
         "CARGO_TARGET_DIR": str(target_dir),
         # librdkafka's ./configure and make (rdkafka-sys) read CC, CXX, AR and RANLIB, not the cc crate's CC_<target>.
-        "CC": str(ROOT / "dev" / "wheels" / "zigcc"),
-        "CXX": str(ROOT / "dev" / "wheels" / "zigcxx"),
-        "AR": str(ROOT / "dev" / "wheels" / "zigar"),
-        "RANLIB": str(ROOT / "dev" / "wheels" / "zigranlib"),
+        "CC": str(wrappers / "zigcc"),
+        "CXX": str(wrappers / "zigcxx"),
+        "AR": str(wrappers / "zigar"),
+        "RANLIB": str(wrappers / "zigranlib"),
         "LASTAGENT_ZIG_TARGET": f"{arch}-linux-gnu.{GLIBC}",
         # librdkafka's `make libs` builds its C++ library (src-cpp) too, which the extension does not link:
         # make is told to build src only (a command-line variable, through GNUMAKEFLAGS because rdkafka-sys sets
@@ -147,9 +171,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", action="append", choices=["x86_64", "aarch64"], help="default: both")
     parser.add_argument("--out", default="dist", help="where the wheels go (default dist/)")
-    parser.add_argument("--target-dir", default=str(ROOT / ".cache" / "wheel-target"),
-                        help="cargo's target dir (default .cache/wheel-target: make setup, make wheels and make lint "
-                             "share it)")
+    parser.add_argument("--target-dir", default=str(default_target_dir()),
+                        help="cargo's target dir (default ~/.cache/lastagent/wheel-target, or LASTAGENT_CARGO_TARGET_DIR: "
+                             "make setup, make wheels and make lint of every clone share it)")
     parser.add_argument("--install-into", metavar="PYTHON",
                         help="then install the wheel built (one --arch) into this Python, without its dependencies")
     parser.add_argument("--clippy", action="store_true",

@@ -54,7 +54,7 @@ from lastagent.sinks.query_run import (
     task_generation,
     task_run,
 )
-from lastagent.sinks.table_rows import RowChecker
+from lastagent.sinks.table_rows import IdentityValues, RowChecker
 from lastagent.sinks.task_outputs import TaskOutputs
 from lastagent.spark_api import StreamWriter, arrow_input, require_arrow_input
 from lastagent.storage import require_reachable
@@ -188,7 +188,16 @@ class DeltaStreamWriter(StartsWhenShipped, StreamWriter):
                                              "COLUMNS and drop mergeSchema")
         if not self.options.transformer:
             given = {f["name"] for f in json.loads(self.query_schema_json)["fields"]}
-            filled = {g.column for g in rules.generated} | {d.column for d in rules.defaults}
+            named = [i.column for i in rules.identity if i.column in given]
+            if named:
+                from lastagent.errors import SchemaMismatchError
+
+                raise SchemaMismatchError(
+                    f"Delta table {self.options.path}: column(s) {named} are identity columns (GENERATED ... AS "
+                    "IDENTITY): lastagent-delta assigns their values and does not write values a query gives; leave "
+                    "them out of the query. Nothing was claimed or written")
+            filled = ({g.column for g in rules.generated} | {d.column for d in rules.defaults}
+                      | {i.column for i in rules.identity})
             missing = [c for c in rules.not_null if "." not in c and c not in given and c not in filled]
             if missing:
                 raise schema_error(self.options.path, [f"column '{c}' is NOT NULL in the table and the query does "
@@ -233,6 +242,7 @@ class DeltaStreamWriter(StartsWhenShipped, StreamWriter):
         # One checker per set of columns the rows carry (a transformer may vary it): a generated
         # column the rows lack is computed, one they carry is checked.
         checkers: dict[tuple[str, ...], RowChecker] = {}
+        identity = IdentityValues(self.rules.identity, partition) if self.rules.identity else None
         # Spark passes its SQL settings to a query's tasks; expressions that depend on the time zone
         # are evaluated only when it is UTC (an unknown zone refuses them).
         time_zone = ctx.getLocalProperty("spark.sql.session.timeZone") or "unknown"
@@ -262,7 +272,7 @@ class DeltaStreamWriter(StartsWhenShipped, StreamWriter):
                         if self.rules.rows_checked:
                             given = tuple(b.schema.names)
                             if given not in checkers:
-                                checkers[given] = RowChecker(self.rules, target, given, time_zone)
+                                checkers[given] = RowChecker(self.rules, target, given, time_zone, identity)
                             good, broken = checkers[given].apply(conformed)
                             for f in broken:
                                 outputs.dead_letter(f.row, f.reason, f.error)

@@ -67,10 +67,12 @@ FEATURES: tuple[Feature, ...] = (
             "a top-level column the query does not give gets its DEFAULT, computed on the executors by the "
             "expression engine of generated columns (an expression outside its subset is refused at start); a "
             "column the query gives keeps its values, nulls included; the commit is made by Delta Kernel"),
-    Feature("identityColumns", False, False,
-            "identity values would have to come from ranges no two tasks share and the column's high-water mark "
-            "move in the epoch's commit (its metaData), which Delta Kernel 0.30.1's transaction cannot carry; "
-            "kernel refuses such a table at its write gate"),
+    Feature("identityColumns", False, True,
+            "a BIGINT identity column the query does not give gets values no two tasks share (the task's partition "
+            "interleaved with its row count, from the high-water mark up, in steps of the column's step) and the "
+            "epoch's commit moves `delta.identity.highWaterMark` to the highest value written, so Spark's later "
+            "writes go on above it; a query that gives the column is refused at start, and so is a table that also "
+            "has a feature only Delta Kernel's transaction writes (that transaction cannot carry the new mark)"),
     Feature("rowTracking", False, True,
             "each file gets a baseRowId and defaultRowCommitVersion and the commit moves the row-id high-water mark "
             "(Delta Kernel's transaction), so `_metadata.row_id` is unique across epochs and tasks and Spark's "
@@ -148,6 +150,29 @@ class GeneratedColumn:
 
 
 @dataclass(frozen=True)
+class IdentityColumn:
+    """A top-level identity column (``GENERATED ALWAYS|BY DEFAULT AS IDENTITY``) as the epoch's start read it.
+
+    Attributes:
+        column: its name.
+        start, step: ``delta.identity.start`` and ``delta.identity.step`` (never 0).
+        high_water_mark: ``delta.identity.highWaterMark``, the furthest value written (None before the first).
+        always: GENERATED ALWAYS (``delta.identity.allowExplicitInsert`` false).
+    """
+
+    column: str
+    start: int
+    step: int
+    high_water_mark: int | None
+    always: bool
+
+    @property
+    def base(self) -> int:
+        """The epoch's first value: one step past the high-water mark, or the start."""
+        return self.start if self.high_water_mark is None else self.high_water_mark + self.step
+
+
+@dataclass(frozen=True)
 class ColumnDefault:
     """A top-level column's DEFAULT (its ``CURRENT_DEFAULT`` SQL), for rows that do not give the column."""
 
@@ -165,6 +190,8 @@ class TableRules:
         generated: the table's generated columns.
         not_null: paths of the columns (``a`` or ``a.b`` for a struct's field) declared NOT NULL.
         defaults: the table's column defaults (``allowColumnDefaults``).
+        identity: the table's identity columns (``identityColumns``), with their high-water marks: a commit that
+            finds another mark than the epoch's start did is refused (another writer wrote values meanwhile).
         kernel: the table has a feature only Delta Kernel commits with (:data:`KERNEL_FEATURES`): the epoch's
             commit goes through kernel's transaction, and mergeSchema is refused (that transaction cannot add them).
         lengths: (column, n) of the top-level VARCHAR(n) and CHAR(n) columns: Spark's writer refuses a
@@ -178,11 +205,14 @@ class TableRules:
     lengths: tuple[tuple[str, int], ...] = ()
     kernel: bool = False
     defaults: tuple[ColumnDefault, ...] = ()
+    identity: tuple[IdentityColumn, ...] = ()
 
     @property
     def rows_checked(self) -> bool:
-        """True when rows must pass through constraints, generated or defaulted columns, lengths or NOT NULL."""
-        return bool(self.constraints or self.generated or self.not_null or self.lengths or self.defaults)
+        """True when rows must pass through constraints, generated, defaulted or identity columns, lengths or
+        NOT NULL."""
+        return bool(self.constraints or self.generated or self.not_null or self.lengths or self.defaults
+                    or self.identity)
 
 
 def table_features(min_reader: int, min_writer: int, reader_features: list[str] | None,
@@ -260,13 +290,8 @@ def write_rules(table: str, role: str, min_reader: int, min_writer: int, reader_
     named = table_features(min_reader, min_writer, reader_features, writer_features)
     schema = json.loads(schema_json)
     fields = list(_fields(schema))
-    explicit = min_writer >= 7
     for feature in FEATURES:
         if feature.written or feature.name not in named:
-            continue
-        # A legacy protocol (writer 6) implies identity columns without any column using them; a
-        # column that is one is refused below, by name.
-        if feature.name == "identityColumns" and not explicit:
             continue
         raise refuse(feature.name, feature.how)
     unknown = sorted(named - set(_BY_NAME))
@@ -281,8 +306,9 @@ def write_rules(table: str, role: str, min_reader: int, min_writer: int, reader_
         if "delta.invariants" in metadata:
             raise refuse("invariants", f"column '{path}' has a legacy invariant (delta.invariants), which the sink "
                                        "does not evaluate")
-        if any(k.startswith("delta.identity.") for k in metadata):
-            raise refuse("identityColumns", f"column '{path}' is an identity column; " + _BY_NAME["identityColumns"].how)
+        if any(k.startswith("delta.identity.") for k in metadata) and ("." in path or f["type"] != "long"):
+            raise refuse("identityColumns", f"column '{path}' is an identity column " + (
+                "inside a struct" if "." in path else f"of type {f['type']}") + ", which Delta does not define")
         if "CURRENT_DEFAULT" in metadata and ("allowColumnDefaults" not in named or "." in path):
             raise refuse("allowColumnDefaults", f"column '{path}' has a DEFAULT" + (
                 " inside a struct (Spark's defaults are for top-level columns)" if "." in path
@@ -311,12 +337,26 @@ def write_rules(table: str, role: str, min_reader: int, min_writer: int, reader_
                     if (m := _LENGTH.fullmatch(f.get("metadata", {}).get(_CHAR_VARCHAR, ""))))
     defaults = tuple(ColumnDefault(f["name"], f["metadata"]["CURRENT_DEFAULT"]) for f in schema.get("fields", ())
                      if "CURRENT_DEFAULT" in f.get("metadata", {}))
+    identity = tuple(_identity(f) for f in schema.get("fields", ())
+                     if any(k.startswith("delta.identity.") for k in f.get("metadata", {})))
+    if any(i.step == 0 for i in identity):
+        raise refuse("identityColumns", "an identity column's step is 0, which Delta does not allow")
     kernel = _kernel_feature(named)
-    if kernel and (constraints or generated):
-        found = "checkConstraints" if constraints else "generatedColumns"
+    if kernel and (constraints or generated or identity):
+        found = "checkConstraints" if constraints else "generatedColumns" if generated else "identityColumns"
         raise refuse(found, f"the table also has {kernel}, whose commits lastagent makes through "
                             f"Delta Kernel, and Delta Kernel 0.30.1 refuses to write to a table with {found}")
-    return TableRules(mode, constraints, generated, tuple(_not_null(schema)), lengths, bool(kernel), defaults)
+    return TableRules(mode, constraints, generated, tuple(_not_null(schema)), lengths, bool(kernel), defaults,
+                      identity)
+
+
+def _identity(f: Mapping[str, Any]) -> IdentityColumn:
+    metadata = f["metadata"]
+    mark = metadata.get("delta.identity.highWaterMark")
+    return IdentityColumn(f["name"], int(metadata.get("delta.identity.start", 1)),
+                          int(metadata.get("delta.identity.step", 1)),
+                          None if mark is None else int(mark),
+                          not bool(metadata.get("delta.identity.allowExplicitInsert", False)))
 
 
 def rules_of(table: Any, where: str, role: str) -> TableRules:
@@ -340,13 +380,14 @@ def require_plain(table: Any, where: str, role: str, nullable: bool = True) -> N
     tables itself; a table made elsewhere must look like one it made.
     """
     rules = rules_of(table, where, role)
-    if rules.kernel:  # lastagent's own tables are written by delta-rs, which cannot commit with these
+    if rules.kernel:  # lastagent's own tables get plain appends, not kernel's transaction, which these need
         raise UnsupportedTableFeatureError(_kernel_feature(_named(table)) or "", where, role,
-                                           f"lastagent writes the {role} with delta-rs 1.6.6, which cannot commit to "
-                                           "such a table; give it a path of its own and lastagent creates it")
+                                           f"lastagent writes the {role} as plain appends, without Delta Kernel's "
+                                           "transaction, which such a table needs; give it a path of its own and "
+                                           "lastagent creates it")
     found = ("columnMapping" if rules.column_mapping != "none" else "checkConstraints" if rules.constraints
-             else "generatedColumns" if rules.generated else "CHAR/VARCHAR" if rules.lengths
-             else "NOT NULL" if nullable and rules.not_null else None)
+             else "generatedColumns" if rules.generated else "identityColumns" if rules.identity
+             else "CHAR/VARCHAR" if rules.lengths else "NOT NULL" if nullable and rules.not_null else None)
     if found is not None:
         raise UnsupportedTableFeatureError(found, where, role, f"the {role} holds lastagent's own rows, written "
                                                                "as lastagent creates the table; give it a path of its own")

@@ -39,7 +39,7 @@ from lastagent.core.figures import EpochFigures
 from lastagent.delta import files as delta_files
 from lastagent.delta import kernel as delta_kernel
 from lastagent.delta.arbitration_table import DeltaArbitrationStore, LatestTable
-from lastagent.delta.features import TableRules, require_plain, rules_of
+from lastagent.delta.features import IdentityColumn, TableRules, require_plain, rules_of
 from lastagent.delta.files import kernel_add
 from lastagent.delta.table_properties import (
     accept_lost_on_delta,
@@ -114,6 +114,42 @@ def schema_diff(table_json: str, rows_json: str, merge: bool) -> tuple[list[str]
             problems.append(f"column '{f['name']}': the table has {json.dumps(_strip(have['type']))}, "
                             f"the query gives {json.dumps(_strip(f['type']))}")
     return problems, new
+
+
+def high_water_marks(schema_json: str, identity: tuple[IdentityColumn, ...], adds: tuple[dict[str, Any], ...],
+                     path: str) -> str | None:
+    """The schema with each identity column's ``delta.identity.highWaterMark`` moved to the furthest value the
+    epoch's files hold (their statistics: the maximum, or the minimum for a negative step), or None when no mark
+    moves. Pure.
+
+    Raises:
+        ArbitrationError: a file with rows has no statistics for an identity column (the mark could not be moved,
+            and a later writer would give the same values again); nothing is committed.
+    """
+    schema = json.loads(schema_json)
+    moved = False
+    for f in schema["fields"]:
+        column = next((i for i in identity if i.column == f["name"]), None)
+        if column is None:
+            continue
+        key = f.get("metadata", {}).get("delta.columnMapping.physicalName", f["name"])
+        side = "maxValues" if column.step > 0 else "minValues"
+        values = []
+        for add in adds:
+            stats = json.loads(add.get("stats") or "{}")
+            if stats.get("numRecords", 1) and key not in stats.get(side, {}):
+                raise ArbitrationError(f"Delta table {path}: file {add['path']} has no statistics for identity column "
+                                       f"'{f['name']}', so its high-water mark cannot be moved; nothing was committed")
+            if key in stats.get(side, {}):
+                values.append(int(stats[side][key]))
+        if not values:
+            continue
+        furthest = max(values) if column.step > 0 else min(values)
+        mark = column.high_water_mark
+        if mark is None or (furthest > mark if column.step > 0 else furthest < mark):
+            f["metadata"]["delta.identity.highWaterMark"] = furthest
+            moved = True
+    return json.dumps(schema) if moved else None
 
 
 def _delta_json(schema_json: str) -> str:
@@ -402,6 +438,9 @@ class TargetTableStore:
                 else:
                     rules = self._same_rules(table, staged)
                     merged = self._fit(table, staged, rules)
+                    if rules.identity:  # the marks move in the epoch's own commit, as Spark's writer moves them
+                        merged = high_water_marks(merged or table.schema().to_json(), rules.identity, staged.adds,
+                                                  self.path) or merged
                     storage = self.storage.delta_options(self._where)
                     if rules.kernel:  # a feature only kernel's transaction writes
                         version = delta_kernel.commit_epoch(table.table_uri, storage, table.version(),
@@ -413,10 +452,11 @@ class TargetTableStore:
                             delta_kernel.streaming_commit_info(record.epoch, metadata, staged.adds),
                             delta_kernel.append_actions(staged.adds, record.link, record.epoch, record.decided_at_ms),
                             f"epoch {record.epoch} of link {record.link!r}", merged)
-                    if merged is not None:
-                        log.info("Delta table %s: added column(s) %s (mergeSchema)", self.path,
-                                 sorted({f["name"] for f in json.loads(merged)["fields"]}
-                                        - {f["name"] for f in json.loads(table.schema().to_json())["fields"]}))
+                    added = [] if merged is None else sorted(
+                        {f["name"] for f in json.loads(merged)["fields"]}
+                        - {f["name"] for f in json.loads(table.schema().to_json())["fields"]})
+                    if added:
+                        log.info("Delta table %s: added column(s) %s (mergeSchema)", self.path, added)
                     self._checkpoint_as_spark(table, version)
                 return Decision(record, won=True)
             except LostRace:

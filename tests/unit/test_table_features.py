@@ -13,6 +13,7 @@ from lastagent.delta.features import (
     FEATURES,
     Constraint,
     GeneratedColumn,
+    IdentityColumn,
     TableRules,
     UnsupportedTableFeatureError,
     markdown,
@@ -20,7 +21,8 @@ from lastagent.delta.features import (
     write_rules,
 )
 from lastagent.delta.files import FileWriter, physical_fields
-from lastagent.sinks.table_rows import RowChecker
+from lastagent.errors import ArbitrationError, IdentityExhaustedError, SchemaMismatchError
+from lastagent.sinks.table_rows import IdentityValues, RowChecker
 
 pytestmark = pytest.mark.unit
 
@@ -49,10 +51,71 @@ def test_legacy_versions_imply_their_features():
     assert "identityColumns" in table_features(1, 6, None, None)
 
 
-def test_writer_version_6_without_an_identity_column_is_written_with_one_refused():
+def _identity(name: str = "id", kind: object = "long", **more: object) -> dict:
+    return _field(name, kind, **{"delta.identity.start": 1, "delta.identity.step": 1,
+                                 "delta.identity.allowExplicitInsert": False, **more})
+
+
+def test_identity_columns_are_rules_with_their_marks_and_refused_where_delta_does_not_define_them():
     assert _rules(writer=6) == TableRules()
-    with pytest.raises(UnsupportedTableFeatureError, match="'identityColumns'.*column 'id' is an identity column"):
-        _rules(writer=6, schema=_schema(_field("id", "long", **{"delta.identity.start": 1, "delta.identity.step": 1})))
+    assert _rules(writer=6, schema=_schema(_identity(), _field("v"))) == TableRules(
+        identity=(IdentityColumn("id", 1, 1, None, True),))
+    by_default = _identity("sk", **{"delta.identity.start": 100, "delta.identity.step": -3,
+                                    "delta.identity.highWaterMark": 94, "delta.identity.allowExplicitInsert": True})
+    (sk,) = _rules(1, 7, None, ["identityColumns"], schema=_schema(by_default)).identity
+    assert sk == IdentityColumn("sk", 100, -3, 94, False) and sk.base == 91
+    assert IdentityColumn("id", 5, 2, None, True).base == 5
+    with pytest.raises(UnsupportedTableFeatureError, match="'identityColumns'.*column 'id' is an identity column of "
+                                                           "type integer"):
+        _rules(writer=6, schema=_schema(_identity(kind="integer")))
+    with pytest.raises(UnsupportedTableFeatureError, match="'identityColumns'.*step is 0"):
+        _rules(writer=6, schema=_schema(_identity(**{"delta.identity.step": 0})))
+    with pytest.raises(UnsupportedTableFeatureError, match="'identityColumns'.*also has rowTracking"):
+        _rules(1, 7, None, ["identityColumns", "rowTracking", "domainMetadata"], schema=_schema(_identity()))
+
+
+def test_identity_values_are_unique_across_tasks_and_batches_and_beyond_the_mark():
+    schema = pa.schema([("id", pa.int64()), ("v", pa.string())])
+    up, down = IdentityColumn("id", 1, 1, 41, True), IdentityColumn("id", 0, -5, None, False)
+    seen: dict[int, list[int]] = {}
+    for column in (up, down):
+        values = []
+        for partition in (0, 1, 7):
+            ids = IdentityValues((column,), partition)
+            for rows in (3, 0, 2):
+                batch = pa.record_batch([pa.nulls(rows, pa.int64()), pa.array(["x"] * rows)], schema=schema)
+                values += ids.fill(batch, {"v"}).column("id").to_pylist()
+        seen[column.step] = values
+    assert len(set(seen[1])) == len(seen[1]) == 15 and min(seen[1]) == 42  # one step past the mark
+    assert len(set(seen[-5])) == 15 and max(seen[-5]) == 0 and all(v % 5 == 0 for v in seen[-5])
+    with pytest.raises(SchemaMismatchError, match=r"the rows give identity column\(s\) \['id'\]"):
+        IdentityValues((up,), 0).fill(pa.record_batch([pa.array([1]), pa.array(["x"])], schema=schema), {"id", "v"})
+    with pytest.raises(IdentityExhaustedError, match="BIGINT"):
+        IdentityValues((IdentityColumn("id", 1, 1, 2**63 - 10, True),), 3).fill(  # the second row's slot: 65539
+            pa.record_batch([pa.nulls(2, pa.int64()), pa.array(["x", "y"])], schema=schema), {"v"})
+    with pytest.raises(IdentityExhaustedError, match="at most 65536 partitions"):
+        IdentityValues((up,), 1 << 16)
+
+
+def test_the_epochs_commit_moves_each_identity_mark_to_the_furthest_value_its_files_hold():
+    from lastagent.delta.target_table import high_water_marks
+
+    schema = _schema(_identity(), _identity("down", **{"delta.identity.step": -2, "delta.columnMapping.physicalName":
+                                                       "col-9", "delta.identity.highWaterMark": -10}), _field("v"))
+    up, down = IdentityColumn("id", 1, 1, None, True), IdentityColumn("down", 1, -2, -10, True)
+
+    def add(lo: int, hi: int, dlo: int, dhi: int, rows: int = 2) -> dict:
+        return {"path": "f", "stats": json.dumps({"numRecords": rows, "minValues": {"id": lo, "col-9": dlo},
+                                                  "maxValues": {"id": hi, "col-9": dhi}})}
+
+    moved = json.loads(high_water_marks(schema, (up, down), (add(1, 65537, -12, -14), add(2, 131074, -16, -12)), "/t"))
+    marks = {f["name"]: f["metadata"].get("delta.identity.highWaterMark") for f in moved["fields"]}
+    assert marks == {"id": 131074, "down": -16, "v": None}
+    assert high_water_marks(schema, (up, down), (), "/t") is None  # no rows, no move
+    after = (IdentityColumn("id", 1, 1, 131074, True), IdentityColumn("down", 1, -2, -16, True))
+    assert high_water_marks(json.dumps(moved), after, (add(5, 9, -12, -14),), "/t") is None  # not past the marks
+    with pytest.raises(ArbitrationError, match="file f has no statistics for identity column 'id'"):
+        high_water_marks(schema, (up,), ({"path": "f", "stats": '{"numRecords": 1, "maxValues": {}}'},), "/t")
 
 
 @pytest.mark.parametrize("feature", [f.name for f in FEATURES if not f.written])
@@ -198,7 +261,11 @@ def test_lastagents_own_tables_with_a_kernel_feature_are_refused_by_name():
     table = SimpleNamespace(protocol=lambda: protocol, metadata=lambda: SimpleNamespace(configuration={}),
                             schema=lambda: SimpleNamespace(to_json=lambda: _schema(_field("reason", "string"))))
     with pytest.raises(UnsupportedTableFeatureError, match=r"\(dead-letter table\) uses the table feature "
-                                                           r"'rowTracking'.*with delta-rs 1.6.6"):
+                                                           r"'rowTracking'.*as plain appends"):
+        require_plain(table, "/d", "dead-letter table")
+    protocol.writer_features = ["identityColumns"]
+    table.schema = lambda: SimpleNamespace(to_json=lambda: _schema(_identity(), _field("reason", "string")))
+    with pytest.raises(UnsupportedTableFeatureError, match=r"'identityColumns'.*lastagent's own rows"):
         require_plain(table, "/d", "dead-letter table")
 
 
