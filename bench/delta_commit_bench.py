@@ -1,16 +1,19 @@
-"""Benchmark: what one epoch's Delta commit costs through Delta Kernel and through delta-rs (issue 43).
+"""Benchmark: what one epoch's Delta commit costs, as lastagent makes it now and as it made it before (issue 43).
 
 The driver's decision (`TargetTableStore.decide`: read the table, check the link's ownership and txn, commit the
-epoch's files with `txn(link, epoch)` and the record naming its branches) on two tables Spark SQL makes:
+epoch's files with `txn(link, epoch)` and the record naming its branches) on tables Spark SQL makes:
 
-* `delta-rs`: a plain table (`CREATE TABLE ... USING delta`), committed by delta-rs as before;
-* `kernel-plain`: the same plain table committed by Delta Kernel (the sink sends it to delta-rs; here a store
-  forced to kernel), the two libraries on the same work;
+* `delta-rs`: a plain table (`CREATE TABLE ... USING delta`) committed by delta-rs's transaction, as lastagent did
+  before every commit went through Delta Kernel (the same reads and checks, then `create_write_transaction`);
+* `plain`: the same plain table as the sink commits it now: a plain append lastagent composes, written
+  put-if-absent by Delta Kernel's storage layer;
+* `kernel-plain`: the same plain table through Delta Kernel's transaction (a store forced to it);
 * `kernel`: what Delta gives a new table (deletion vectors, row tracking, in-commit timestamps, liquid clustering),
-  committed by Delta Kernel (row ids, the high-water mark, the in-commit timestamp, clustering statistics checked).
+  committed by Delta Kernel's transaction (row ids, the high-water mark, the in-commit timestamp, clustering
+  statistics checked).
 
 Each epoch adds one file per branch (1, 4, 16 branches: one task's file and branch each), files written before the
-timed part by the sink's own file writer; the two tables take turns epoch by epoch so both see the same machine.
+timed part by the sink's own file writer; the tables take turns epoch by epoch so all see the same machine.
 Then the claim: one property commit, delta-rs's `set_table_properties` against lastagent's (kernel's storage layer),
 on two more plain tables. Every table is read back by Spark at the end and must hold every row once.
 
@@ -45,6 +48,7 @@ WORK = tempfile.mkdtemp(prefix="lastagent-bench-delta-commit-")
 PLAIN = "CREATE TABLE delta.`{p}` (id BIGINT, amount BIGINT) USING delta"
 TABLES = {
     "delta-rs": PLAIN,
+    "plain": PLAIN,
     "kernel-plain": PLAIN,
     "kernel": ("CREATE TABLE delta.`{p}` (id BIGINT, amount BIGINT) USING delta CLUSTER BY (amount) TBLPROPERTIES "
                "('delta.enableDeletionVectors'='true', 'delta.enableRowTracking'='true', "
@@ -53,10 +57,40 @@ TABLES = {
 
 
 class KernelStore(TargetTableStore):
-    """The target table's store with every commit through Delta Kernel (the sink uses kernel where delta-rs cannot)."""
+    """The target table's store with every epoch through Delta Kernel's transaction (the sink uses it where a
+    feature needs it)."""
 
     def rules(self, table):
-        return replace(super().rules(table), kernel=True, checkpoint=True)
+        return replace(super().rules(table), kernel=True)
+
+
+class DeltaRsStore(TargetTableStore):
+    """The decision as lastagent made it before issue 43's last step: the same reads and checks, then delta-rs's
+    transaction (adds, `txn`, the record's keys; no re-try of a lost version; its post-commit checkpoint hook)."""
+
+    def decide(self, record, generation, staged=None):
+        from deltalake.transaction import AddAction, CommitProperties, PostCommitHookProperties, Transaction
+
+        from lastagent.core.arbitration import Decision
+
+        table = self.table()
+        assert not self._superseded(record.link, generation, self._ownership_in(table, record.link))
+        assert (table.transaction_version(record.link) or -1) < record.epoch
+        self._same_rules(table, staged)
+        metadata = {"lastagent.link": record.link, "lastagent.epoch": str(record.epoch), "lastagent.gxid": record.gxid,
+                    "lastagent.branches": json.dumps(list(record.branches)),
+                    "lastagent.attempts": json.dumps([list(a) for a in staged.attempts])}
+        props = CommitProperties(custom_metadata=metadata, max_commit_retries=0, app_transactions=[
+            Transaction(app_id=record.link, version=record.epoch, last_updated=int(time.time() * 1000))])
+        adds = [AddAction(a["path"], a["size"], a["partitionValues"], a["modificationTime"], a["dataChange"],
+                          a["stats"]) for a in staged.adds]
+        version = table.version() + 1
+        table.create_write_transaction(adds, "append", table.schema(), commit_properties=props,
+                                       post_commithook_properties=PostCommitHookProperties(create_checkpoint=True))
+        if version % 10 == 0:  # Spark's interval, as the sink kept it then
+            table.update_incremental()
+            table.create_checkpoint()
+        return Decision(record, won=True)
 
 
 def staged(path: str, link: str, epoch: int, branches: int, first_id: int, rules) -> StagedEpoch:
@@ -74,7 +108,8 @@ def main() -> None:
     paths = {name: f"{WORK}/{name}" for name in TABLES}
     for name, ddl in TABLES.items():
         spark.sql(ddl.format(p=paths[name]))
-    stores = {name: (KernelStore if name == "kernel-plain" else TargetTableStore)(p) for name, p in paths.items()}
+    kinds = {"delta-rs": DeltaRsStore, "kernel-plain": KernelStore}
+    stores = {name: kinds.get(name, TargetTableStore)(p) for name, p in paths.items()}
     ms: dict[str, dict[int, list[float]]] = {name: {n: [] for n in BRANCHES} for name in TABLES}
     link, epoch, rows = "bench", 0, 0
     for name, store in stores.items():  # first-run ownership: generation 0 of a table that has no owner
@@ -112,7 +147,7 @@ def main() -> None:
         "decide_ms_p90": {name: {n: round(statistics.quantiles(v, n=10)[-1], 1) for n, v in by.items()}
                           for name, by in ms.items()},
         "over_delta_rs": {name: {n: round(statistics.median(ms[name][n]) / statistics.median(ms["delta-rs"][n]), 2)
-                                 for n in BRANCHES} for name in ("kernel-plain", "kernel")},
+                                 for n in BRANCHES} for name in ("plain", "kernel-plain", "kernel")},
         "claim_ms_median": {name: round(statistics.median(v), 1) for name, v in claims.items()},
     }
     print(json.dumps(summary, indent=2))

@@ -1,8 +1,8 @@
 """Where lastagent's own files live and how it reaches them: paths and the ``storage.*`` settings.
 
 Driver and executors. Much of lastagent's I/O happens outside Spark's Hadoop filesystems: tasks
-write parquet files with pyarrow, the driver commits with delta-rs (the target table, the
-arbitration table, the dead-letter table) and reads Spark's checkpoint with pyarrow. So every
+write parquet files with pyarrow, the driver commits through Delta Kernel and reads tables with delta-rs (the
+target table, the arbitration table, the dead-letter table) and Spark's checkpoint with pyarrow. So every
 path option is parsed here once, at query start, into a :class:`Location`, and every client is
 built from it and the query's :class:`StorageConfig`:
 

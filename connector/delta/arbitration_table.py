@@ -80,7 +80,7 @@ class LatestTable:
 
 
 class DeltaArbitrationStore:
-    """Arbitration rows in a Delta table, written with deltalake (delta-rs) from the driver.
+    """Arbitration rows in a Delta table, committed through Delta Kernel and read with delta-rs, from the driver.
 
     Args:
         path: the table's location: a local path or a URI of a store :mod:`lastagent.storage` reaches.

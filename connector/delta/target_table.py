@@ -54,7 +54,7 @@ from lastagent.storage import Location, StorageConfig, location
 
 log = logging.getLogger("lastagent.delta")
 
-#: Spark's default ``delta.checkpointInterval`` (delta-rs counts 100 where a table does not set it).
+#: Spark's default ``delta.checkpointInterval``.
 SPARK_CHECKPOINT_INTERVAL = 10
 
 #: Commits read back from the table's history in the first look for a link's record; the look
@@ -153,8 +153,8 @@ def high_water_marks(schema_json: str, identity: tuple[IdentityColumn, ...], add
 
 
 def _delta_json(schema_json: str) -> str:
-    """A schema (Spark's or Delta's JSON) as delta-rs writes it into ``schemaString``: read and written again, so a
-    schema that Delta cannot hold is refused here, before any commit."""
+    """A schema (Spark's or Delta's JSON) in the form lastagent has always written into ``schemaString`` (delta-rs's:
+    read and written again), so a schema that Delta cannot hold is refused here, before any commit."""
     from deltalake import Schema
 
     return Schema.from_json(schema_json).to_json()
@@ -255,8 +255,8 @@ class TargetTableStore:
 
         The ownership claimed in the checkpoint before the table existed (:meth:`_pre_table`), read
         now, so a run that claimed meanwhile keeps the link; else the first run, generation 0.
-        delta-rs cannot create a table with properties of ours, so this is a commit of its own; a
-        racing commit makes it re-read, and an owner already recorded stays.
+        A commit of its own after the creating one (which a lost race of two first runs may have made the other's);
+        a racing commit makes it re-read, and an owner already recorded stays.
         """
         owner_key, gen_key = owner_keys(link)
         pre = self._pre_table(link)
@@ -375,6 +375,7 @@ class TargetTableStore:
                 "v2Checkpoint" in (table.protocol().writer_features or ()):
             return
         try:
+            table.update_incremental()  # delta-rs cleans up to its own version's checkpoint: the one just written
             table.cleanup_metadata()
         except Exception as exc:  # delta-rs raises plain errors; the log only stays longer
             log.warning("Delta table %s: removing expired log entries failed: %s", self.path, exc)

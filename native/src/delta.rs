@@ -389,6 +389,19 @@ fn metadata_of(snap: &SnapshotRef) -> Result<serde_json::Map<String, serde_json:
     Ok(object)
 }
 
+/// The caller's commit info (a JSON object) and actions (one JSON object each), parsed.
+fn parsed(
+    commit_info: &str,
+    actions: &[String],
+) -> PyResult<(serde_json::Map<String, serde_json::Value>, Vec<serde_json::Value>)> {
+    let info = serde_json::from_str(commit_info).map_err(|e| err(format!("commit info {commit_info}: {e}")))?;
+    let actions = actions
+        .iter()
+        .map(|a| serde_json::from_str(a).map_err(|e| err(format!("action {a}: {e}"))))
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok((info, actions))
+}
+
 /// Commits `actions` (JSON objects as the log holds them: `txn`, `add`) with `commit_info` (a JSON
 /// object: the operation, its parameters, lastagent's record) on top of `read_version`, written by
 /// lastagent through kernel's storage layer ([`put_commit`]): the commits of tables whose features
@@ -411,12 +424,7 @@ pub fn delta_commit_actions(
     actions: Vec<String>,
     schema: Option<String>,
 ) -> PyResult<(String, u64)> {
-    let info: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_str(commit_info).map_err(|e| err(format!("commit info {commit_info}: {e}")))?;
-    let mut actions = actions
-        .iter()
-        .map(|a| serde_json::from_str::<serde_json::Value>(a).map_err(|e| err(format!("action {a}: {e}"))))
-        .collect::<PyResult<Vec<_>>>()?;
+    let (info, mut actions) = parsed(commit_info, &actions)?;
     on_snapshot(py, uri, &storage, read_version, table_id, |engine, url, snap| {
         if let Some(schema) = schema {
             let mut metadata = metadata_of(&snap)?;
@@ -440,12 +448,7 @@ pub fn delta_create_table(
     commit_info: &str,
     actions: Vec<String>,
 ) -> PyResult<(String, u64)> {
-    let info: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_str(commit_info).map_err(|e| err(format!("commit info {commit_info}: {e}")))?;
-    let actions = actions
-        .iter()
-        .map(|a| serde_json::from_str::<serde_json::Value>(a).map_err(|e| err(format!("action {a}: {e}"))))
-        .collect::<PyResult<Vec<_>>>()?;
+    let (info, actions) = parsed(commit_info, &actions)?;
     let url = table_url(uri).map_err(err)?;
     py.detach(|| {
         let engine = engine_for(&url, &storage)?;

@@ -261,3 +261,15 @@ def test_decisions_leave_a_checkpoint_where_sparks_writer_would(tmp_path, spark)
         assert other.decide(_rec(epoch, "b"), generation).won
     latest = DeltaTable(other.path).version()
     assert checkpoints(other.path) == [v for v in range(1, latest + 1) if v % 5 == 0]
+
+    # After a checkpoint the log's expired entries go, as Spark's writer removes them (here expired at once).
+    brief = _target(str(tmp_path / "brief"))
+    generation = brief.claim("orders", "q").generation
+    assert brief.decide(_rec(0, "b"), generation).won
+    DeltaTable(brief.path).alter.set_table_properties({"delta.logRetentionDuration": "interval 0 seconds"})
+    for epoch in range(1, 12):
+        assert brief.decide(_rec(epoch, "b"), generation).won
+    latest = DeltaTable(brief.path).version()
+    logs = sorted(int(p.name.split(".")[0]) for p in Path(brief.path, "_delta_log").glob("*.json"))
+    assert checkpoints(brief.path) == [10] and logs == list(range(10, latest + 1)), logs
+    assert spark.read.format("delta").load(brief.path).count() == 0 and brief.latest_epoch("orders") == 11
