@@ -23,7 +23,13 @@ TEST_JVM  := .cache/spark/cds/.complete
 # (rustup target add aarch64-unknown-linux-gnu).
 HOST_ARCH   := $(shell uname -m)
 WHEEL_ARCHS ?= x86_64 aarch64
-WHEEL_TOOLS := .cache/wheel-tools
+# The wheel tools' virtualenv sits beside cargo's target dir, shared by every clone: cargo-zigbuild names its C
+# wrappers (and so the linker cargo fingerprints) by the path of the zig it runs, so a per-clone path would
+# rebuild every crate in each new clone.
+LASTAGENT_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/lastagent
+WHEEL_TOOLS := $(LASTAGENT_CACHE)/wheel-tools
+export LASTAGENT_WHEEL_TOOLS := $(WHEEL_TOOLS)
+export LASTAGENT_CARGO_TARGET_DIR ?= $(LASTAGENT_CACHE)/wheel-target
 NO_CARGO    := echo "setup: cargo not found: lastagent's Kafka path (native/) is Rust; install a toolchain with rustup (https://rustup.rs)"
 
 .PHONY: setup wheels aarch64-python run test check test-unit test-integration test-chaos test-chaos-full test-wheel test-spark-versions test-cluster test-kafka-cluster test-connect test-notebook test-soak soak lint kafka-up kafka-down kafka-up-secured kafka-down-secured kafka-up-cluster kafka-down-cluster s3-up s3-down bench clean docs
@@ -65,7 +71,7 @@ aarch64-python:
 
 # The wheel tools, pinned; not setuptools-rust (the Python part is built without it, dev/build_wheels.py).
 $(WHEEL_TOOLS)/.installed: Makefile
-	@mkdir -p .cache
+	@mkdir -p $(LASTAGENT_CACHE)
 	@test -x $(WHEEL_TOOLS)/bin/python || $(PY) -m venv $(WHEEL_TOOLS)
 	@$(WHEEL_TOOLS)/bin/pip install -q "ziglang==0.17.1" "cargo-zigbuild==0.24.1" "auditwheel==6.8.2" \
 	  "setuptools==84.2.1" "wheel==0.48.0"
@@ -232,6 +238,6 @@ bench: setup kafka-up
 docs: setup
 	$(PYTHON) -m lastagent.options_doc > docs/options.md
 
-# cargo's target dir (~/.cache/lastagent/wheel-target) is shared by every clone and stays; rm -rf it to build anew.
+# ~/.cache/lastagent (cargo's target dir, the wheel tools) is shared by every clone and stays; rm -rf it to build anew.
 clean:
 	rm -rf $(VENV) .cache build dist *.egg-info

@@ -9,12 +9,12 @@ libgcc_s). The Python part is built by setuptools without setuptools-rust (a ``p
 two are put together here into one platform wheel, tagged ``cp310-abi3-manylinux_2_28_<arch>``, then shown by
 ``auditwheel show``.
 
-Run from the repository root with the wheel tools' Python (the Makefile's ``.cache/wheel-tools`` virtualenv:
+Run from the repository root with the wheel tools' Python (the Makefile's ``~/.cache/lastagent/wheel-tools`` virtualenv:
 ziglang, cargo-zigbuild, auditwheel, setuptools, wheel; not setuptools-rust)::
 
-    .cache/wheel-tools/bin/python dev/build_wheels.py --arch x86_64 --arch aarch64 --out dist
-    .cache/wheel-tools/bin/python dev/build_wheels.py --arch x86_64 --install-into .venv/bin/python  # make setup
-    .cache/wheel-tools/bin/python dev/build_wheels.py --arch x86_64 --clippy                          # make lint
+    ~/.cache/lastagent/wheel-tools/bin/python dev/build_wheels.py --arch x86_64 --arch aarch64 --out dist
+    ~/.cache/lastagent/wheel-tools/bin/python dev/build_wheels.py --arch x86_64 --install-into .venv/bin/python
+    ~/.cache/lastagent/wheel-tools/bin/python dev/build_wheels.py --arch x86_64 --clippy          # make lint
 """
 
 from __future__ import annotations
