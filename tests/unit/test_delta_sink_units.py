@@ -268,3 +268,19 @@ def test_a_streaming_epochs_commit_info_is_sparks_with_the_record_and_the_epochs
     assert info["operationMetrics"] == {"numAddedFiles": "3", "numRemovedFiles": "0", "numOutputRows": "5",
                                         "numOutputBytes": "157"}
     assert info["lastagent.epoch"] == "4" and info["userMetadata"] == "{}"
+
+
+def test_a_new_table_gets_reader_1_writer_2_or_the_features_its_column_types_need():
+    from lastagent.delta.kernel import new_table
+
+    plain = json.dumps({"type": "struct", "fields": [{"name": "id", "type": "long", "nullable": True, "metadata": {}}]})
+    protocol, metadata = new_table(plain, ("day",), 7, "t")
+    assert protocol == {"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}}
+    assert metadata["metaData"]["schemaString"] == plain and metadata["metaData"]["partitionColumns"] == ["day"]
+    assert metadata["metaData"]["name"] == "t" and metadata["metaData"]["createdTime"] == 7
+    nested = json.dumps({"type": "struct", "fields": [{"name": "s", "nullable": True, "metadata": {}, "type": {
+        "type": "array", "containsNull": True, "elementType": {"type": "struct", "fields": [
+            {"name": "at", "type": "timestamp_ntz", "nullable": True, "metadata": {}}]}}}]})
+    (protocol, _) = new_table(nested, (), 7)
+    assert protocol["protocol"] == {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["timestampNtz"],
+                                    "writerFeatures": ["timestampNtz"]}
