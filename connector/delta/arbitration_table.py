@@ -277,6 +277,7 @@ class DeltaArbitrationStore:
         doomed = [r for r in rows if r.epoch <= limit]
         if not doomed:
             return 0
+
         def attempt() -> None:
             # One commit that removes every file and adds one with the rows that stay (a delete and a compaction).
             import pyarrow as pa
