@@ -246,15 +246,16 @@ def _nested(t: Any, prefix: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
         yield from _nested(t["valueType"], prefix)
 
 
-def _types(t: Any) -> Iterator[str]:
+def column_types(t: Any) -> Iterator[str]:
+    """Every primitive type name in a Delta schema JSON node (through structs, arrays and maps)."""
     if isinstance(t, str):
         yield t
     elif isinstance(t, dict):
         for key in ("elementType", "keyType", "valueType"):
             if key in t:
-                yield from _types(t[key])
+                yield from column_types(t[key])
         for f in t.get("fields", ()):
-            yield from _types(f["type"])
+            yield from column_types(f["type"])
 
 
 def _not_null(schema: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
@@ -319,7 +320,7 @@ def write_rules(table: str, role: str, min_reader: int, min_writer: int, reader_
         if kind is not None and ("." in path or not _LENGTH.fullmatch(kind)):
             raise refuse("CHAR/VARCHAR", f"column '{path}' is {kind}; the sink checks the length of top-level "
                                          "CHAR and VARCHAR columns only")
-    for t in _types({"fields": schema.get("fields", ())}):
+    for t in column_types({"fields": schema.get("fields", ())}):
         if t in ("variant", "void"):
             raise refuse("variantType" if t == "variant" else "void",
                          f"the table has a {t.upper()} column, which the sink does not write")

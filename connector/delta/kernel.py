@@ -131,18 +131,6 @@ def create_table(uri: str, storage: Mapping[str, str] | None, commit_info: Mappi
 _TYPE_FEATURES = {"timestamp_ntz": "timestampNtz", "variant": "variantType"}
 
 
-def _types(node: Any) -> set[str]:
-    """Every primitive type name in a Delta schema JSON node."""
-    if isinstance(node, str):
-        return {node}
-    if isinstance(node, dict):
-        return set().union(*(_types(v) for k, v in node.items() if k in ("type", "elementType", "keyType",
-                                                                          "valueType", "fields")))
-    if isinstance(node, list):
-        return set().union(*(_types(v) for v in node))
-    return set()
-
-
 def new_table(schema_json: str, partition_by: Sequence[str], created_ms: int, name: str | None = None) -> list[dict[str, Any]]:
     """The ``protocol`` and ``metaData`` of a new table with this schema (Delta JSON), as lastagent creates its tables:
     reader 1 / writer 2 (Delta's defaults, as Spark's and delta-rs's writers create them), or table features where a
@@ -150,7 +138,9 @@ def new_table(schema_json: str, partition_by: Sequence[str], created_ms: int, na
     """
     import uuid
 
-    features = sorted({_TYPE_FEATURES[t] for t in _types(json.loads(schema_json)) if t in _TYPE_FEATURES})
+    from lastagent.delta.features import column_types
+
+    features = sorted({_TYPE_FEATURES[t] for t in column_types(json.loads(schema_json)) if t in _TYPE_FEATURES})
     protocol: dict[str, Any] = ({"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": features,
                                  "writerFeatures": features} if features else {"minReaderVersion": 1,
                                                                                "minWriterVersion": 2})
