@@ -63,20 +63,21 @@ def _start(spark, variant: str, source: str, events: str, work: str):
 
     def merge(batch) -> None:
         latest = batch.groupBy("id").agg({"amount": "max"}).withColumnRenamed("max(amount)", "amount")
-        (DeltaTable.forPath(spark, table).alias("t").merge(latest.alias("s"), "t.id = s.id")
+        (DeltaTable.forPath(batch.sparkSession, table).alias("t").merge(latest.alias("s"), "t.id = s.id")
          .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())
 
     def events_of(batch):
         return batch.selectExpr("CAST(id AS STRING) AS key", "to_json(struct(id, amount)) AS value")
 
     def idempotent_merge(batch, epoch_id: int) -> None:
-        spark.conf.set("spark.databricks.delta.write.txnAppId", link)
-        spark.conf.set("spark.databricks.delta.write.txnVersion", str(epoch_id))
+        session = batch.sparkSession  # the query's own session, as lastagent.epoch sets it
+        session.conf.set("spark.databricks.delta.write.txnAppId", link)
+        session.conf.set("spark.databricks.delta.write.txnVersion", str(epoch_id))
         try:
             merge(batch)
         finally:
-            spark.conf.unset("spark.databricks.delta.write.txnAppId")
-            spark.conf.unset("spark.databricks.delta.write.txnVersion")
+            session.conf.unset("spark.databricks.delta.write.txnAppId")
+            session.conf.unset("spark.databricks.delta.write.txnVersion")
 
     def user(batch, epoch_id: int) -> None:
         events_of(batch).write.format("kafka").option("kafka.bootstrap.servers", BOOTSTRAP) \

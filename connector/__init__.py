@@ -4,9 +4,14 @@ Formats ``lastagent-kafka`` and ``lastagent-delta`` are discovered by Spark 4 fr
 ``pyspark_lastagent_*`` modules. Where a runtime does not scan for them, call :func:`register`.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lastagent.errors import DataLossError, KafkaProtocolError, LastAgentError, OptionError, UnsupportedSparkError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from lastagent.foreach_batch import Epoch
 
 __all__ = ["DataLossError", "KafkaProtocolError", "LastAgentError", "OptionError", "UnsupportedSparkError", "epoch",
            "register", "reliable_groups"]
@@ -46,10 +51,27 @@ def reliable_groups(df: Any, **kwargs: Any) -> Any:
     return step(df, **kwargs)
 
 
-def epoch(batch: Any, epoch_id: int, **kwargs: Any) -> Any:
-    """One exactly-once epoch inside ``foreachBatch``: Kafka outputs and the block's Delta write decided as one
-    (experimental): see :func:`lastagent.foreach_batch.epoch` for the arguments. Driver side."""
+def epoch(batch: "DataFrame", epoch_id: int, *, link: str, table: str, **options: str) -> "Epoch":
+    """One exactly-once epoch inside ``foreachBatch``: Kafka outputs and the block's one Delta write decided as one.
+
+    ``with lastagent.epoch(batch, epoch_id, link="orders-cdc", table="/data/orders", **kafka) as e:``, then
+    ``e.to_kafka(df, topic=...)`` for every Kafka output, then the block's one Delta write through the batch's own
+    session (``batch.write``, ``batch.sparkSession.sql("MERGE ...")``, ``DeltaTable.forPath(batch.sparkSession,
+    ...)``). See :func:`lastagent.foreach_batch.epoch` and docs/foreach_batch.md. Driver side.
+
+    Args:
+        batch: the micro-batch DataFrame foreachBatch passes.
+        epoch_id: its batch id.
+        link: the link's stable name (it names the transactional ids and the Delta app ids).
+        table: the Delta table of the block's write: a path, ``delta.`path``` or a catalog name.
+        options: ``kafka.*`` client settings (``kafka.bootstrap.servers`` required) and, for a table on object
+            storage, ``storage.*`` settings.
+
+    Raises:
+        UnsupportedSparkError: a pyspark lastagent does not run on.
+        OptionError: a bad option or table.
+    """
     from lastagent.foreach_batch import epoch as block
 
-    return block(batch, epoch_id, **kwargs)
+    return block(batch, epoch_id, link=link, table=table, **options)
 __version__ = "0.1.0"

@@ -139,6 +139,11 @@ class EpochNotDecidedError(LastAgentError):
     """
 
 
+class BlockWriteError(LastAgentError):
+    """A ``lastagent.epoch`` body's Delta writes were not the block's one decision: a data change to the table the
+    block's settings did not reach (another session), or a second Delta write in the block."""
+
+
 class DeadLetterError(LastAgentError):
     """A record could be neither delivered nor dead-lettered; the batch fails, nothing is dropped."""
 

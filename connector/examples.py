@@ -12,6 +12,9 @@ METRICS_FILE`` runs Kafka → reliable groups → ``lastagent-delta`` until ``ST
 ``python -m lastagent.examples merge-driver BOOTSTRAP SOURCE_TOPIC EVENTS_TOPIC TABLE CHECKPOINT LINK [PER_TRIGGER]``
 runs change records (JSON ``{"id", "amount"}``) through ``foreachBatch`` with :func:`lastagent.epoch`: one event per
 change to ``EVENTS_TOPIC``, then a ``MERGE`` of the newest amount per id into the Delta table ``TABLE``.
+``python -m lastagent.examples shared-driver BOOTSTRAP BASE SOURCE_A EVENTS_A LINK_A SOURCE_B EVENTS_B LINK_B SOURCE_C
+[PER_TRIGGER]`` runs two such pipelines (tables ``BASE/a``, ``BASE/b``) and a plain ``foreachBatch`` appending
+``SOURCE_C`` to ``BASE/c`` through the global session, as three queries of one driver.
 ``LASTAGENT_RUN_UNTIL`` names a file: the pipelines then run every second until it exists, then drain
 their sources and stop (the broker-loss tests feed them meanwhile).
 ``LASTAGENT_SPARK_MASTER`` and ``LASTAGENT_SPARK_CONF`` (``key=value;key=value``) shape the session;
@@ -294,7 +297,8 @@ def merge_changes(spark: Any, bootstrap: str, source: str, events: str, table: s
             e.to_kafka(batch.selectExpr("CAST(id AS STRING) AS key", "to_json(struct(id, amount)) AS value"),
                        topic=events)
             latest = batch.groupBy("id").agg({"amount": "max"}).withColumnRenamed("max(amount)", "amount")
-            (DeltaTable.forPath(spark, table).alias("t").merge(latest.alias("s"), "t.id = s.id")
+            # The batch's own session: the one the block's Delta settings are on (docs/foreach_batch.md).
+            (DeltaTable.forPath(batch.sparkSession, table).alias("t").merge(latest.alias("s"), "t.id = s.id")
              .whenMatchedUpdate(set={"amount": "s.amount"})
              .whenNotMatchedInsert(values={"id": "s.id", "amount": "s.amount"}).execute())
 
@@ -312,11 +316,45 @@ def merge_driver(*args: str) -> int:
     return _run("lastagent-merge-driver", lambda spark: merge_changes(spark, *args))
 
 
+def plain_appends(spark: Any, bootstrap: str, source: str, table: str, checkpoint: str,
+                  per_trigger: str = "40") -> Any:
+    """Kafka change records appended to ``table`` by a plain ``foreachBatch`` (no lastagent) through the driver's
+    global session, as many notebooks write; at least once, as Spark's own ``foreachBatch`` is. The started query."""
+    def append(batch: Any, epoch_id: int) -> None:
+        view = f"plain_batch_{epoch_id}"
+        batch.createOrReplaceGlobalTempView(view)
+        try:
+            spark.sql(f"INSERT INTO delta.`{table}` SELECT id, amount FROM global_temp.{view}")
+        finally:
+            spark.catalog.dropGlobalTempView(view)
+
+    return _trigger(
+        spark.readStream.format("lastagent-kafka").options(**_kafka_options())
+        .option("kafka.bootstrap.servers", bootstrap).option("subscribe", source)
+        .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", per_trigger).load()
+        .selectExpr("CAST(get_json_object(CAST(value AS STRING), '$.id') AS BIGINT) AS id",
+                    "CAST(get_json_object(CAST(value AS STRING), '$.amount') AS BIGINT) AS amount")
+        .writeStream.foreachBatch(append).option("checkpointLocation", checkpoint)).start()
+
+
+def shared_driver(bootstrap: str, base: str, source_a: str, events_a: str, link_a: str, source_b: str, events_b: str,
+                  link_b: str, source_c: str, per_trigger: str = "40") -> int:
+    """Three queries in one driver: two :func:`merge_changes` (tables ``BASE/a``, ``BASE/b``) and one
+    :func:`plain_appends` (``BASE/c``) through the global session beside them."""
+    return _run("lastagent-shared-driver",
+                lambda spark: merge_changes(spark, bootstrap, source_a, events_a, f"{base}/a", f"{base}/a-ckpt",
+                                            link_a, per_trigger),
+                lambda spark: merge_changes(spark, bootstrap, source_b, events_b, f"{base}/b", f"{base}/b-ckpt",
+                                            link_b, per_trigger),
+                lambda spark: plain_appends(spark, bootstrap, source_c, f"{base}/c", f"{base}/c-ckpt", per_trigger))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="lastagent example pipelines")
     pipelines: dict[str, Callable[..., int]] = {"sink-driver": sink_driver, "kafka-driver": kafka_driver,
                                                 "delta-driver": delta_driver, "links-driver": links_driver,
-                                                "groups-driver": groups_driver, "merge-driver": merge_driver}
+                                                "groups-driver": groups_driver, "merge-driver": merge_driver,
+                                                "shared-driver": shared_driver}
     parser.add_argument("pipeline", choices=sorted(pipelines))
     parser.add_argument("args", nargs="*")
     args = parser.parse_args(argv)

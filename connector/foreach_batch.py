@@ -1,12 +1,23 @@
 """``lastagent.epoch``: one exactly-once epoch inside ``foreachBatch``, Spark's own Delta write as the last agent.
 
 Driver side (the block and its phase 2); ``to_kafka``'s tasks run on the executors. The rules (the fence, the
-claim, entering and leaving) are :mod:`lastagent.core.batch_epoch`'s; this module carries them out with Spark,
-delta-rs (reading the table's ``txn`` versions and history only: every commit is Spark's) and the Kafka
-branch writer. Design: ``dev/designs/foreach-batch-epoch.md``.
+claim, entering and leaving) are :mod:`lastagent.core.batch_epoch`'s; this module carries them out with Spark (the
+claim's commit; every other commit is the user's), delta-rs (reading the table's ``txn`` versions and history), the
+sinks' :class:`~lastagent.core.committer.Committer` (the broker check, recovery after a claim, the time-left rule,
+phase 2: one interpreter for every epoch) and the sinks' branch task (:mod:`lastagent.sinks.branch_task`).
+Design: ``dev/designs/foreach-batch-epoch.md``.
 
-Experimental (issue 45): classic Spark and Spark Connect (the block runs on the Connect server, in the query's
-foreachBatch process); a table by path or by catalog name.
+Classic Spark and Spark Connect (the block runs on the Connect server, in the query's foreachBatch process); a
+table by path or by catalog name.
+
+**Which session carries the settings.** Delta's idempotent-write settings are session confs, read from the
+session a write runs in. The block sets them on the batch's own session and nowhere else: in classic Spark that is
+the query's private clone of the session it started from (every query has its own), so another query's writes,
+and writes through the driver's global ``spark``, never see them; on Spark Connect it is the client's session on
+the server, so the block refuses to run while that session runs any other query. Delta's auto-reset is on for the
+block, so the first write takes ``txnVersion`` and a second write through the session fails in Delta itself;
+leaving, the block reads what the table committed while it was open, and a data change without the block's
+record (a write through another session) is refused by name (:func:`lastagent.core.batch_epoch.stray_writes`).
 """
 
 from __future__ import annotations
@@ -15,25 +26,38 @@ import functools
 import logging
 import re
 import threading
-import time
 import urllib.parse
 import uuid
 from collections.abc import Iterator, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from lastagent import faults
 from lastagent.core import batch_epoch as be
 from lastagent.core import protocol, xid
-from lastagent.delta.batch_table import BatchEpochTable
-from lastagent.errors import DecidedBranchLostError, EpochNotDecidedError, OptionError, StaleOwnerError
+from lastagent.core.arbitration import Ownership
+from lastagent.delta.batch_table import HISTORY_DEPTH, BatchEpochTable
+from lastagent.errors import BlockWriteError, EpochNotDecidedError, OptionError, StaleOwnerError
+from lastagent.kafka.branch import BranchHandle
 from lastagent.kafka.config import KafkaConfig
+from lastagent.sinks.kafka_rows import SinkColumns, check_schema
 from lastagent.storage import StorageConfig
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from lastagent.core.committer import Committer
 
 log = logging.getLogger("lastagent.epoch")
 
 _TXN_APP = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 _USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+#: Delta unsets ``txnVersion`` after the first write (or skip) that used it: a second write in the block then fails.
+_AUTO_RESET = "spark.databricks.delta.write.txnVersion.autoReset.enabled"
+_CONFS = (_TXN_APP, _TXN_VERSION, _USER_METADATA, _AUTO_RESET)
+#: Delta's error for a write that finds txnAppId without txnVersion: the version went to an earlier write.
+_SECOND_WRITE = "DELTA_INVALID_IDEMPOTENT_WRITES_OPTIONS"
 _RUN_ID_PROPERTY = "spark.jobGroup.id"  # MicroBatchExecution's job group: the run id
 
 #: Task outputs of one ``to_kafka`` call are numbered apart from the next call's in the transactional ids.
@@ -47,30 +71,17 @@ _CONNECT_RUN = f"connect-{uuid.uuid4()}"
 
 
 def _write_branch(client: KafkaConfig, link: str, generation: int, call: int, timeout_ms: int,
-                  topic: str | None, batches: Iterator[Any]) -> Iterator[Any]:
+                  topic: str | None, columns: SinkColumns, batches: Iterator[Any]) -> Iterator[Any]:
     """One task of ``to_kafka``: the partition's records into one prepared branch; yields its handle. Executor."""
     import pyarrow as pa
     from pyspark import TaskContext
 
-    from lastagent.kafka.branch import BranchWriter
-    from lastagent.sinks.kafka_rows import records
+    from lastagent.sinks.branch_task import write_branch
 
     ctx = TaskContext.get()
     assert ctx is not None, "to_kafka's writer runs in a Spark task"
     tid = xid.transactional_id(link, generation, call * _CALL_STRIDE + ctx.partitionId(), ctx.attemptNumber())
-    writer = BranchWriter(client, tid, timeout_ms)
-    try:
-        for batch in batches:
-            for key, value, row_topic, part, headers in records(batch, topic):
-                writer.send(row_topic, value, key, headers, part)
-        handle = writer.prepare()
-        writer.release()  # stays open (prepared): the driver ends it after the Delta commit
-    except BaseException:
-        try:
-            writer.abort_local()
-        except Exception as exc:  # the original failure is what matters
-            log.warning("branch %s: local abort after a failed write also failed: %s", tid, exc)
-        raise
+    handle = write_branch(client, tid, timeout_ms, batches, topic, columns)
     yield pa.RecordBatch.from_pydict({"handle": [handle.to_json()]})
 
 
@@ -107,16 +118,45 @@ def _is_connect(session: Any) -> bool:
 
 
 def _session_key(session: Any) -> tuple[str, Any]:
-    """What tells one Spark session from another: the JVM session's identity, or a Connect session's id."""
+    """What tells one Spark session from another: the JVM session's id, or a Connect session's id."""
     if _is_connect(session):
         return ("connect", session.session_id)
-    return ("classic", session._jsparkSession.hashCode())
+    return ("classic", str(session._jsparkSession.sessionUUID()))
+
+
+@dataclass(frozen=True)
+class BlockOptions(xid.LinkIds):
+    """What the :class:`~lastagent.core.committer.Committer` reads of a block's link, as the sinks' options give it."""
+
+    link: str
+    client_config: KafkaConfig
+    transaction_timeout_ms: int
+    storage: StorageConfig
+    phase2_parallelism: int = 8  # the sinks' default phase2Parallelism
+
+
+@dataclass(frozen=True)
+class BlockCheckpoint:
+    """The checkpoint port for a block: Spark runs epoch ``epoch`` only once every earlier one is in its commit log,
+    and the run id stands for the query (the block has no checkpoint path of its own)."""
+
+    epoch: int
+    run: str
+
+    def committed_through(self) -> int:
+        return self.epoch - 1
+
+    def query_id(self) -> str:
+        return self.run
 
 
 class Epoch:
     """The block; see :func:`epoch`."""
 
     def __init__(self, batch: Any, epoch_id: int, link: str, table: str, options: Mapping[str, str]) -> None:
+        from lastagent.spark_versions import require_supported
+
+        require_supported()  # as the formats do at a query's start
         self.batch = batch
         self.epoch = int(epoch_id)
         self.link = xid.check_link(link)
@@ -127,7 +167,7 @@ class Epoch:
             raise OptionError(unknown[0], "lastagent.epoch takes kafka.* client settings and storage.* settings "
                                           "(for a table on object storage) only")
         self.storage = StorageConfig.parse(opts)
-        self._store = BatchEpochTable(self.table, self.storage)
+        self._store = BatchEpochTable(self.table, self.storage, depth=HISTORY_DEPTH)
         opts = {k: v for k, v in opts.items() if k.startswith("kafka.")}
         if not opts.get("kafka.bootstrap.servers", "").strip():
             raise OptionError("kafka.bootstrap.servers", "is required, e.g. **{'kafka.bootstrap.servers': 'host:9092'}")
@@ -137,13 +177,15 @@ class Epoch:
                                                               "milliseconds, at most the broker's transaction.max.timeout.ms")
         self.timeout_ms = int(timeout)
         self.client = KafkaConfig.parse({k[len("kafka."):]: v for k, v in opts.items()})
+        self.options = BlockOptions(self.link, self.client, self.timeout_ms, self.storage)
         self.generation = -1
         self.entry: be.Entry | None = None
         self.prepared: list[Any] = []  # BranchHandle
-        self._xa_client: Any = None  # KafkaXAResource, made on first use and closed on leaving
+        self._committer: Committer | None = None  # made on first use, closed on leaving
         self._failed: EpochNotDecidedError | None = None  # a to_kafka call's branches could not be decided
         self._calls = 0
-        self._saved: list[tuple[Any, dict[str, str | None]]] = []
+        self._saved: dict[str, str | None] | None = None  # the batch session's settings before the block
+        self._entered_version = -1  # the table's version when the block began
 
     @property
     def replayed(self) -> bool:
@@ -198,67 +240,38 @@ class Epoch:
         (self._empty_frame().write.format("delta").mode("append").option("txnAppId", app)
          .option("txnVersion", str(version)).option("userMetadata", metadata).save(self.table))
 
-    def _claim(self, run: str) -> int:
-        """Wins the next generation for ``run`` (a claim commit through Spark), then recovers the link.
-
-        First the sinks' start checks: the broker serves the transaction protocol lastagent needs, and
-        ``kafka.transaction.timeout.ms`` is within its ``transaction.max.timeout.ms``.
-        """
+    def _committer_for(self, run: str) -> Committer:
+        from lastagent.core.committer import Committer
         from lastagent.kafka.xa import KafkaXAResource
 
-        with KafkaXAResource(self.client) as xa:
-            xa.transaction_protocol()  # refuses a broker that cannot serve us
-            broker_max = xa.broker_max_timeout_ms()
-        if self.timeout_ms > broker_max:
-            raise OptionError("kafka.transaction.timeout.ms", f"{self.timeout_ms} exceeds the broker's "
-                                                              f"transaction.max.timeout.ms ({broker_max}); lower the "
-                                                              "option or raise the broker setting")
-        for attempt in range(1, 9):
-            commit, mine = be.claim(self.link, run, f"{run}-{uuid.uuid4().hex[:8]}", self._txns(self._delta()))
-            try:
-                self._empty_append(commit.app, commit.version, commit.metadata)
-            except Exception as exc:  # a concurrent claim won the same fence (ConcurrentTransactionException)
-                if "Concurrent" not in str(exc):
-                    raise
-                log.info("link %s: claim attempt %d lost a race: %s", self.link, attempt, str(exc)[:200])
-                continue
-            dt = self._delta()
-            history = self._history(dt)
-            if be.claim_won(mine, history):
-                faults.point("in_recovery")
-                generation = mine.fenced + 1
-                decisions = {}
-                for m in reversed(history):
-                    r = be.record_in(m, self.link)
-                    if r is not None:
-                        decisions[r.epoch] = r.branches
-                with KafkaXAResource(self.client) as xa:
-                    earlier = [t for t in xa.recover(xid.id_prefix(self.link))
-                               if (xid.parse_transactional_id(self.link, t.transactional_id) or (generation,))[0]
-                               < generation]
-                    handles = {protocol.Branch.of(t): t.handle() for t in earlier}
-                    actions = protocol.recover(self.epoch - 1, decisions, list(handles))
-                    self._carry_out(xa, [a for a in actions if isinstance(a, protocol.CommitBranch)],
-                                    [a for a in actions if isinstance(a, protocol.RollbackBranch)], handles)
-                log.info("link %s: run %s holds it as generation %d", self.link, run, generation)
-                return generation
+        return Committer(self.options, store=self._store, xa=KafkaXAResource(self.client),
+                         checkpoint=BlockCheckpoint(self.epoch, run))
+
+    def _claim(self, run: str) -> int:
+        """Wins the next generation for ``run`` (a claim commit through Spark), then recovers the link. Driver.
+
+        First the sinks' start checks (:meth:`Committer.check`): the broker serves the transaction protocol
+        lastagent needs, and ``kafka.transaction.timeout.ms`` is within its ``transaction.max.timeout.ms``. After
+        the claim, the sinks' recovery (:meth:`Committer.recover_claimed`): branches a record names committed,
+        the rest of earlier runs' rolled back.
+        """
+        with self._committer_for(run) as committer:
+            committer.check()
+            for attempt in range(1, 9):
+                commit, mine = be.claim(self.link, run, f"{run}-{uuid.uuid4().hex[:8]}", self._txns(self._delta()))
+                try:
+                    self._empty_append(commit.app, commit.version, commit.metadata)
+                except Exception as exc:  # a concurrent claim won the same fence (ConcurrentTransactionException)
+                    if "Concurrent" not in str(exc):
+                        raise
+                    log.info("link %s: claim attempt %d lost a race: %s", self.link, attempt, str(exc)[:200])
+                    continue
+                if be.claim_won(mine, self._history(self._delta())):
+                    generation = mine.fenced + 1
+                    committer.recover_claimed(Ownership(run, generation, run, ()))
+                    log.info("link %s: run %s holds it as generation %d", self.link, run, generation)
+                    return generation
         raise StaleOwnerError(f"link {self.link!r}: run {run} lost 8 claims in a row to other runs")
-
-    def _carry_out(self, xa: Any, commits: list[Any], rollbacks: list[Any], handles: Mapping[Any, Any]) -> None:
-        from lastagent.kafka.branch import BranchHandle
-        from lastagent.kafka.xa import EndOutcome
-
-        def handle(b: protocol.Branch) -> Any:
-            return handles.get(b) or BranchHandle(b.transactional_id, b.producer_id, b.producer_epoch, 1)
-
-        for i, a in enumerate(commits):
-            if i:
-                faults.point("between_branch_commits")
-            result = xa.commit(handle(a.branch))
-            if result.outcome not in (EndOutcome.COMMITTED, EndOutcome.NOTHING_TO_END):
-                raise DecidedBranchLostError(protocol.lost_branch_reason(self.link, a.epoch, a.branch, result.detail))
-        for a in rollbacks:
-            xa.rollback(handle(a.branch))
 
     # -- the block ---------------------------------------------------------------------------------
 
@@ -272,7 +285,10 @@ class Epoch:
             with _lock:
                 _generations[key] = generation
         self.generation = generation
+        if _is_connect(self.batch.sparkSession):
+            self._require_own_connect_session()
         dt = self._delta()
+        self._entered_version = int(dt.version())
         self.entry = be.enter(self.link, self.epoch, generation, self._txns(dt), self._record(self._history(dt)))
         if isinstance(self.entry, be.Superseded):
             raise StaleOwnerError(self.entry.reason)
@@ -281,54 +297,51 @@ class Epoch:
         self._set_confs(self.entry.app, self.epoch, metadata)
         return self
 
-    def _sessions(self) -> list[Any]:
-        """The sessions the block's Delta write may run in. Classic: the batch's (a per-query clone) and the
-        driver's own. Connect: the batch's, which is the client's own session on the server."""
-        from pyspark.sql import SparkSession
-
-        if _is_connect(self.batch.sparkSession):
-            return [self.batch.sparkSession]
-        out, seen = [], set()
-        for s in (self.batch.sparkSession, SparkSession.getActiveSession(), SparkSession.builder.getOrCreate()):
-            if s is not None and _session_key(s) not in seen:
-                seen.add(_session_key(s))
-                out.append(s)
-        return out
+    def _require_own_connect_session(self) -> None:
+        """On Spark Connect the block's settings go on the client's session on the server, which every query of
+        that client writes through: refused while the session runs another query. Driver (Connect server)."""
+        active = self.batch.sparkSession.streams.active  # this block's own query among them
+        if len(active) > 1:
+            names = ", ".join(sorted(f"{q.name or q.id}" for q in active))
+            raise OptionError("foreachBatch", f"link {self.link!r}: on Spark Connect the block's Delta settings are "
+                                              "session-wide on the client's session, which runs more than this query now "
+                                              f"({names}); start each lastagent.epoch query from a Connect session "
+                                              "of its own (SparkSession.builder.remote(...).create()) that runs "
+                                              "nothing else")
 
     def _set_confs(self, app: str, epoch: int, metadata: str) -> None:
-        sessions = self._sessions()
+        """Delta's idempotent-write settings on the batch's own session, and nowhere else. Driver."""
+        session = self.batch.sparkSession
+        key = _session_key(session)
         with _lock:
-            busy = [s for s in sessions if _session_key(s) in _busy_sessions]
-            if busy and not self._saved:
-                raise OptionError("foreachBatch", "another lastagent.epoch block runs on the same Spark session; "
-                                                  "Delta's idempotent-write settings are per session: run one "
-                                                  "block at a time per session")
-            if not self._saved:
-                _busy_sessions.update(_session_key(s) for s in sessions)
-                self._saved = [(s, {k: s.conf.get(k, None) for k in (_TXN_APP, _TXN_VERSION, _USER_METADATA)})
-                               for s in sessions]
-        for s in sessions:
-            s.conf.set(_TXN_APP, app)
-            s.conf.set(_TXN_VERSION, str(epoch))
-            s.conf.set(_USER_METADATA, metadata)
+            if self._saved is None:
+                if key in _busy_sessions:
+                    raise OptionError("foreachBatch", "a lastagent.epoch block is already open on this batch's "
+                                                      "session: blocks do not nest, one block per batch")
+                _busy_sessions.add(key)
+                self._saved = {k: session.conf.get(k, None) for k in _CONFS}
+        session.conf.set(_AUTO_RESET, "true")
+        session.conf.set(_TXN_APP, app)
+        session.conf.set(_TXN_VERSION, str(epoch))
+        session.conf.set(_USER_METADATA, metadata)
 
     def _restore_confs(self) -> None:
+        session = self.batch.sparkSession
         with _lock:
-            for s, before in self._saved:
-                for k, v in before.items():
-                    if v is None:
-                        s.conf.unset(k)
-                    else:
-                        s.conf.set(k, v)
-                _busy_sessions.discard(_session_key(s))
-            self._saved = []
+            if self._saved is None:
+                return
+            for k, v in self._saved.items():
+                if v is None:
+                    session.conf.unset(k)
+                else:
+                    session.conf.set(k, v)
+            _busy_sessions.discard(_session_key(session))
+            self._saved = None
 
     def to_kafka(self, df: Any, topic: str | None = None) -> None:
         """Writes ``df`` (``value``, optional ``key``, ``topic``, ``partition``, ``headers``, as Spark's kafka sink
         takes them) into prepared branches of this epoch; visible to read_committed consumers once the block's
         Delta commit has decided the epoch. Call it before the Delta write. Driver (the job's tasks: executors)."""
-        from lastagent.kafka.branch import BranchHandle
-        from lastagent.sinks.kafka_rows import check_schema
 
         assert self.entry is not None, "to_kafka is called inside the with block"
         refused = be.may_write_kafka(self.link, self.entry, self._record(self._history(self._delta())))
@@ -337,10 +350,14 @@ class Epoch:
         if isinstance(self.entry, be.Replay):
             return
         assert isinstance(self.entry, be.Fresh)  # a Superseded entry was refused above
-        check_schema(df.schema, topic)
+        if self.batch.sparkSession.conf.get(_TXN_VERSION, None) is None:  # a Delta write took it (auto-reset)
+            raise OptionError("foreachBatch", f"link {self.link!r} epoch {self.epoch}: a Delta write was made in "
+                                              "the block before this e.to_kafka, and took the block's txn; call "
+                                              "every e.to_kafka first, then make the block's one Delta write")
+        columns = check_schema(df.schema, topic)
         self._calls += 1
         write = functools.partial(_write_branch, self.client, self.link, self.generation, self._calls,
-                                  self.timeout_ms, topic)
+                                  self.timeout_ms, topic, columns)
         handles = [BranchHandle.from_json(r.handle) for r in df.mapInArrow(write, "handle string").collect()]
         live = [h for h in handles if not h.read_only]
         self.prepared += live
@@ -350,39 +367,24 @@ class Epoch:
         self._set_confs(self.entry.app, self.epoch, be.BatchRecord(self.link, self.epoch, self.generation,
                                                                    branches).to_metadata())
 
-    def _xa(self) -> Any:
-        from lastagent.kafka.xa import KafkaXAResource
-
-        if self._xa_client is None:
-            self._xa_client = KafkaXAResource(self.client)
-        return self._xa_client
+    def _run_committer(self) -> Committer:
+        if self._committer is None:
+            self._committer = self._committer_for(self._run_id())
+        return self._committer
 
     def _require_time_left(self, handles: list[Any]) -> None:
-        """The sinks' rule before a decision: every branch still open with enough of its timeout left. Driver.
+        """The sinks' rule before a decision (:meth:`Committer.require_time_left`). Driver.
 
         The block's decision is the body's Delta write, after this; a branch that expires before that write
         commits is the expired-decided hazard (:class:`DecidedBranchLostError` at phase 2), so a call whose
         branches are already near their timeout (slow tasks) is refused here: the block fails, and leaving
         it rolls every branch back.
         """
-        if not handles:
-            return
-        xa = self._xa()
-        wanted = {protocol.Branch.of(h) for h in handles}
-        open_now = [t for t in xa.recover(xid.id_prefix(self.link)) if protocol.Branch.of(t) in wanted]
-        listed = {protocol.Branch.of(t) for t in open_now}
-        # A listing can miss a transaction whose coordinator is moving; its own coordinator cannot.
-        open_now += [t for t in xa.open_among(h for h in handles if protocol.Branch.of(h) not in listed)
-                     if protocol.Branch.of(t) in wanted]
-        times = {protocol.Branch.of(t): (t.started_ms, t.timeout_ms) for t in open_now}
-        now = int(time.time() * 1000)
-        unsafe = protocol.unsafe_branches([protocol.Branch.of(h) for h in handles], times, now,
-                                          protocol.decision_margin_ms(self.timeout_ms))
-        if unsafe:
-            started = [s for s, _ in times.values()]
-            self._failed = EpochNotDecidedError(protocol.not_decided_reason(
-                self.link, self.epoch, unsafe, now - min(started) if started else None, self.timeout_ms))
-            raise self._failed
+        try:
+            self._run_committer().require_time_left(self.epoch, self.generation, handles)
+        except EpochNotDecidedError as exc:
+            self._failed = exc
+            raise
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         assert self.entry is not None
@@ -390,39 +392,62 @@ class Epoch:
             faults.point("after_arbitration")  # the body's Delta write (the decision) is behind us
             prepared = {protocol.Branch.of(h): h for h in self.prepared}
             decided_here = False
-            xa = self._xa()  # the block's one client, closed below
+            stray = None if exc is not None else self._stray_writes()
+            committer = self._run_committer()  # the block's one Kafka client, closed below
+            assert committer.xa is not None
             while True:
-                mine = [t for t in xa.recover(xid.id_prefix(self.link))
+                mine = [t for t in committer.xa.recover(xid.id_prefix(self.link))
                         if (xid.parse_transactional_id(self.link, t.transactional_id) or (self.generation + 1,))[0]
                         <= self.generation]
                 handles = {**{protocol.Branch.of(t): t.handle() for t in mine}, **prepared}
                 out = be.leave(self.link, self.entry, self.generation, list(prepared), list(handles),
-                               self._record(self._history(self._delta())), exc is not None, decided_here)
+                               self._record(self._history(self._delta())), exc is not None, decided_here, stray)
                 if isinstance(out, be.DecideByEmptyCommit):
                     self._empty_append_with_confs()
                     decided_here = True
                     continue
                 break
-            self._carry_out(xa, [protocol.CommitBranch(b, self.epoch) for b in out.commit],
-                            [protocol.RollbackBranch(b) for b in out.roll_back], handles)
+            # A recorded branch no longer open (committed already) is ended by its record's ids: the broker says so.
+            known = {b: BranchHandle(b.transactional_id, b.producer_id, b.producer_epoch, 1) for b in out.commit}
+            committer.end_branches([protocol.CommitBranch(b, self.epoch) for b in out.commit],
+                                   [protocol.RollbackBranch(b) for b in out.roll_back], {**known, **handles})
         finally:
             self._restore_confs()
-            if self._xa_client is not None:
-                self._xa_client.close()
-                self._xa_client = None
+            if self._committer is not None:
+                self._committer.__exit__(None, None, None)
+                self._committer = None
         if out.fail is not None and exc is None:
-            raise StaleOwnerError(out.fail)
+            raise (BlockWriteError if out.stray else StaleOwnerError)(out.fail)
+        if exc is not None and _SECOND_WRITE in str(exc):
+            raise BlockWriteError(
+                f"link {self.link!r} epoch {self.epoch}: a second Delta write in one lastagent.epoch block (Delta "
+                "refused it: the block's txnVersion went to the first write, and a second write under it would be "
+                f"skipped as already done). {'The epoch was decided by the first write. ' if out.commit else ''}"
+                "Make exactly one Delta write per block: the others before or after the block, or one MERGE that "
+                "does them all") from exc
         # The body caught the refusal and went on: its Delta write may have decided without that call's events
         # (rolled back above); the query must not carry on as if nothing happened.
         if self._failed is not None and exc is None:
             raise self._failed
+
+    def _stray_writes(self) -> str | None:
+        """Why the body's commits cannot stand as the block's decision, or None: reads every commit of the table
+        since the block began (:func:`lastagent.core.batch_epoch.stray_writes`). Driver."""
+        dt = self._delta()
+        stray = be.stray_writes(BatchEpochTable.commits_since(dt, self._entered_version))
+        if not stray:
+            return None
+        decided_by = next((int(c["version"]) for c in BatchEpochTable.history(dt)
+                           if (r := be.record_in(c.get("userMetadata"), self.link)) is not None
+                           and r.epoch == self.epoch), None)
+        return be.stray_reason(self.link, self.epoch, self.table, stray, decided_by)
 
     def _empty_append_with_confs(self) -> None:
         # The session confs set at entry (and by to_kafka) carry txn(app, epoch) and the record.
         self._empty_frame().write.format("delta").mode("append").save(self.table)
 
 
-def epoch(batch: Any, epoch_id: int, *, link: str, table: str, **options: str) -> Epoch:
+def epoch(batch: DataFrame, epoch_id: int, *, link: str, table: str, **options: str) -> Epoch:
     """One exactly-once epoch inside ``foreachBatch``: Kafka outputs and the Delta write decided as one.
 
     ``with lastagent.epoch(batch, epoch_id, link="orders-cdc", table="/data/orders", **kafka) as e:`` then

@@ -30,9 +30,10 @@ from pyspark.sql.types import StructType
 from lastagent import faults
 from lastagent.core import protocol
 from lastagent.core.figures import EpochFigures
-from lastagent.kafka.branch import BranchHandle, BranchWriter
+from lastagent.kafka.branch import BranchHandle
+from lastagent.sinks.branch_task import write_branch
 from lastagent.sinks.epoch_timings import keep_timings, previous_timings
-from lastagent.sinks.kafka_rows import check_schema, records, simple_columns
+from lastagent.sinks.kafka_rows import check_schema
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 from lastagent.sinks.query_run import (
     LATE_TASKS_S,
@@ -125,28 +126,8 @@ class KafkaStreamWriter(StartsWhenShipped, StreamWriter):
                 pass
             return BranchMessage(epoch, generation, partition, attempt, None)
         tid = self.options.transactional_id(generation, partition, attempt)
-        writer = BranchWriter(self.options.client_config, tid, self.options.transaction_timeout_ms)
-        try:
-            cols, topic = self.columns, self.options.topic
-            simple = topic is not None and not (cols.has_partition or cols.has_headers)
-            for batch in arrow_input(iterator, self.schema):
-                if simple and topic is not None:
-                    keys, values = simple_columns(batch)
-                    writer.send_columns(topic, keys, values)
-                else:
-                    for key, value, row_topic, part, headers in records(batch, topic):
-                        writer.send(row_topic, value, key, headers, part)
-                faults.point("task_mid_write")
-            handle = writer.prepare()
-            writer.release()  # the transaction stays open (prepared); only the driver ends it
-        except BaseException:
-            # Nothing was reported, so nobody else will end this transaction soon: end it here
-            # rather than let it hold the partitions' last stable offset until it times out.
-            try:
-                writer.abort_local()
-            except Exception as exc:  # the original failure is what matters
-                log.warning("branch %s: local abort after a failed write also failed: %s", tid, exc)
-            raise
+        handle = write_branch(self.options.client_config, tid, self.options.transaction_timeout_ms,
+                              arrow_input(iterator, self.schema), self.options.topic, self.columns)
         faults.point("after_prepare")
         return BranchMessage(epoch, generation, partition, attempt, handle.to_json(), handle.records)
 

@@ -261,18 +261,79 @@ class DecideByEmptyCommit:
 @dataclass(frozen=True)
 class Finish:
     """Phase 2 against the standing record: commit ``commit`` (each still open, or committed already), roll
-    back ``roll_back``; then, when ``fail`` is set, fail the batch with it (after the branches are ended)."""
+    back ``roll_back``; then, when ``fail`` is set, fail the batch with it (after the branches are ended):
+    ``stray`` says the failure is a Delta write of the body's that the block's settings did not reach
+    (:func:`stray_writes`), else this run was superseded."""
 
     commit: tuple[Branch, ...]
     roll_back: tuple[Branch, ...]
     fail: str | None = None
+    stray: bool = False
+
+
+# -- what the body committed --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One commit of the block's table as its ``commitInfo`` gives it: version, operation, user metadata."""
+
+    version: int
+    operation: str
+    user_metadata: str | None
+
+
+#: ``commitInfo.operation`` values of Spark's Delta that change no row a reader sees (file layout, statistics,
+#: table properties, constraints, the log itself). Any other operation is taken as a data write: an operation
+#: this list does not know fails the block rather than pass unseen.
+KEEPS_DATA = frozenset({
+    "OPTIMIZE", "VACUUM START", "VACUUM END", "SET TBLPROPERTIES", "UNSET TBLPROPERTIES", "ADD CONSTRAINT",
+    "DROP CONSTRAINT", "CHANGE COLUMN", "ADD COLUMNS", "REPLACE COLUMNS", "RENAME COLUMN", "UPGRADE PROTOCOL",
+    "ADD FEATURE", "DROP FEATURE", "COMPUTE STATS", "REORG", "CLUSTER BY", "ROW TRACKING BACKFILL",
+    "ROW TRACKING UNBACKFILL", "DOMAIN METADATA CLEANUP", "SET TABLE COMMENT", "UPDATE SCHEMA", "CHECKPOINT"})
+
+
+def stray_writes(commits: Sequence[Commit]) -> list[Commit]:
+    """The commits among ``commits`` (the block's table, made while the block was open) that changed data and
+    carry no lastagent document (no record, no claim, no other link's): writes the block's Delta settings did not
+    reach, which therefore decide nothing (a session other than the batch's, a second write, another job)."""
+    return [c for c in commits if c.operation.strip().upper() not in KEEPS_DATA
+            and not _is_lastagent(c.user_metadata)]
+
+
+def _is_lastagent(user_metadata: str | None) -> bool:
+    try:
+        doc = json.loads(user_metadata or "")
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get(_KEY), dict)
+
+
+def stray_reason(link: str, epoch: int, table: str, stray: Sequence[Commit], decided_by: int | None) -> str:
+    """Why the block fails for ``stray`` commits; ``decided_by``: the version whose record decided the epoch."""
+    named = ", ".join(f"version {c.version} ({c.operation})" for c in stray)
+    head = (f"link {link!r} epoch {epoch}: the table {table} changed while the block was open by a commit that does "
+            f"not carry the block's txn and record: {named}. ")
+    if decided_by is not None:
+        return head + (f"The epoch was decided by version {decided_by} (its Kafka branches are committed); the other "
+                       "commit is a second Delta write in the block or a write through another session. Make exactly "
+                       "one Delta write per block, through the batch's own session (batch.sparkSession), and none "
+                       "to this table from elsewhere while the query runs.")
+    first = min(c.version for c in stray)
+    return head + ("Its changes are in the table but the epoch is not decided: the block's Kafka branches were rolled "
+                   "back. The block's Delta settings reach only writes through the batch's own session: write with "
+                   "batch.write, batch.sparkSession.sql(...) or DeltaTable.forPath(batch.sparkSession, ...), not "
+                   "with the global spark, SparkSession.builder.getOrCreate() or newSession(). The restarted query "
+                   "replays the epoch and writes it again: undo the commit first where a second apply would differ "
+                   f"(RESTORE TABLE delta.`{table}` TO VERSION AS OF {first - 1}).")
 
 
 Exit = DecideByEmptyCommit | Finish
 
 
 def leave(link: str, entry: Entry, generation: int, prepared: Sequence[Branch], open_branches: Sequence[Branch],
-          record: BatchRecord | None, body_failed: bool, decided_here: bool = False) -> Exit:
+          record: BatchRecord | None, body_failed: bool, decided_here: bool = False,
+          stray: str | None = None) -> Exit:
     """What the block does at its end, from the epoch's record as read after the body ran.
 
     Args:
@@ -285,10 +346,17 @@ def leave(link: str, entry: Entry, generation: int, prepared: Sequence[Branch], 
         record: the epoch's record in the table's history, read now.
         body_failed: the body raised (the block re-raises after the returned Finish).
         decided_here: a :class:`DecideByEmptyCommit` was carried out.
+        stray: the body's Delta writes did not all go under the block's settings (:func:`stray_reason`): the
+            record, when one stands, is finished and the batch fails; without one nothing is decided.
     """
     everything = list(dict.fromkeys([*prepared, *open_branches]))
     if isinstance(entry, Superseded):
         return Finish((), tuple(prepared), entry.reason)
+    if stray is not None:
+        if record is None:
+            return Finish((), tuple(everything), stray, stray=True)
+        named = set(record.branches)
+        return Finish(record.branches, tuple(b for b in everything if b not in named), stray, stray=True)
     if record is None:
         if isinstance(entry, Fresh) and not body_failed and not decided_here and prepared:
             metadata = BatchRecord(link, entry.epoch, generation, tuple(dict.fromkeys(prepared))).to_metadata()

@@ -138,6 +138,11 @@ class Committer:
         ownership = self.store.claim(self.link, owner if owner is not None else self.checkpoint.query_id())
         return ownership, self._recover(ownership, roll_back_undecided=True)
 
+    def recover_claimed(self, ownership: Ownership) -> int:
+        """After a claim made elsewhere (``lastagent.epoch``'s, through Spark): finishes what earlier runs left,
+        decided branches committed and the rest rolled back. Returns the newest decided epoch or -1. Driver."""
+        return self._recover(ownership, roll_back_undecided=True)
+
     def _recover(self, ownership: Ownership | None, roll_back_undecided: bool) -> int:
         """Carries out :func:`lastagent.core.protocol.recover` over the store and the broker; returns the newest decided epoch."""
         latest = self.store.latest_epoch(self.link)
@@ -274,12 +279,7 @@ class Committer:
         live = [h for h in handles if not h.read_only]
         prepared = [Branch.of(h) for h in live]
         known = dict(zip(prepared, live))
-        open_now = self._open(generation)
-        listed = {Branch.of(t) for t in open_now}
-        if self.xa is not None and any(b not in listed for b in prepared):
-            # The listing can miss a transaction whose coordinator is moving; its own coordinator cannot.
-            open_now += [t for t in self.xa.open_among(h for h in live if Branch.of(h) not in listed)
-                         if Branch.of(t) in known]
+        open_now = self._open_with(generation, live)
         known.update((Branch.of(t), t.handle()) for t in open_now if Branch.of(t) not in known)
         beyond = {Branch.of(t) for t in open_now} - set(prepared)
         now = self.now_ms()
@@ -303,6 +303,47 @@ class Committer:
         if record is None:  # commit_epoch always starts with the epoch's decision or refusal
             raise LastAgentError(f"link {self.link!r} epoch {epoch}: the rules named no decision")
         return record
+
+    def _open_with(self, generation: int, live: Sequence[BranchHandle]) -> list[Any]:
+        """The link's open transactions up to ``generation``, and every one of ``live`` that is open."""
+        open_now = self._open(generation)
+        listed = {Branch.of(t) for t in open_now}
+        if self.xa is not None and any(Branch.of(h) not in listed for h in live):
+            # The listing can miss a transaction whose coordinator is moving; its own coordinator cannot.
+            wanted = {Branch.of(h) for h in live}
+            open_now += [t for t in self.xa.open_among(h for h in live if Branch.of(h) not in listed)
+                         if Branch.of(t) in wanted]
+        return open_now
+
+    def require_time_left(self, epoch: int, generation: int, handles: Sequence[BranchHandle]) -> None:
+        """The rule before a decision made elsewhere (``lastagent.epoch``'s, by the body's Delta write): every
+        one of ``handles`` still open with the decision margin of its timeout left. Driver.
+
+        Raises:
+            EpochNotDecidedError: a branch is gone or too close to its timeout; the caller rolls back.
+        """
+        live = [h for h in handles if not h.read_only]
+        if not live:
+            return
+        open_now = self._open_with(generation, live)
+        times = {Branch.of(t): (t.started_ms, t.timeout_ms) for t in open_now}
+        now = self.now_ms()
+        unsafe = protocol.unsafe_branches([Branch.of(h) for h in live], times, now,
+                                          protocol.decision_margin_ms(self.options.transaction_timeout_ms))
+        if unsafe:
+            started = [s for s, _ in times.values()]
+            raise EpochNotDecidedError(protocol.not_decided_reason(
+                self.link, epoch, unsafe, now - min(started) if started else None,
+                self.options.transaction_timeout_ms))
+
+    def end_branches(self, commits: Sequence[CommitBranch], rollbacks: Sequence[RollbackBranch],
+                     known: dict[Branch, BranchHandle]) -> None:
+        """Phase 2 of a decision that stands elsewhere (``lastagent.epoch``'s record): commits, then rollbacks.
+
+        Raises:
+            DecidedBranchLostError: a decided branch could not be committed.
+        """
+        self._carry_out([*commits, *rollbacks], known)
 
     def _decided(self) -> dict[Branch, int]:
         """Branch → epoch, for the branches of every decision the store keeps."""

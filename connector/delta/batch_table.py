@@ -36,11 +36,18 @@ class BatchEpochTable:
     """The Delta table a ``lastagent.epoch`` block decides in: its ``txn`` versions, history, records and claims.
 
     Implements the read side of :class:`lastagent.core.arbitration.ArbitrationStore` for ``lastagent status`` and
-    ``recover``; ``claim``, ``decide`` and ``accept_lost`` refuse (see the module's docstring).
+    ``recover``, and for the block's recovery after its claim (the sinks' ``Committer``); ``claim``, ``decide`` and
+    ``accept_lost`` refuse (see the module's docstring).
+
+    Args:
+        depth: how many of the newest commits the records are read from (None: all the log keeps). The block
+            reads :data:`HISTORY_DEPTH`, so that a run's start does not grow with the link's age; the command all.
     """
 
-    def __init__(self, path: str, storage: StorageConfig | None = None, option: str = "table") -> None:
+    def __init__(self, path: str, storage: StorageConfig | None = None, option: str = "table",
+                 depth: int | None = None) -> None:
         self.storage = storage or StorageConfig()
+        self.depth = depth
         self._where = location(path, option)
         self._records: dict[str, list[ArbitrationRecord]] = {}  # the command reads them several times
 
@@ -75,6 +82,15 @@ class BatchEpochTable:
         """The newest ``depth`` commits' commit info (None: all the log keeps), newest first."""
         return list(table.history(depth))
 
+    @staticmethod
+    def commits_since(table: Any, version: int) -> list[be.Commit]:
+        """The commits after ``version`` (each commit's version, operation and user metadata), oldest first."""
+        newer = int(table.version()) - version
+        if newer <= 0:
+            return []
+        return [be.Commit(int(c["version"]), str(c.get("operation") or ""), c.get("userMetadata"))
+                for c in reversed(table.history(newer))]
+
     # -- the store port, read side ------------------------------------------------------------------------
 
     def records(self, link: str) -> list[ArbitrationRecord]:
@@ -88,7 +104,7 @@ class BatchEpochTable:
         if table is None:
             return []
         found: dict[int, tuple[be.BatchRecord, int]] = {}
-        for commit in self.history(table, depth=None):
+        for commit in self.history(table, depth=self.depth):
             r = be.record_in(commit.get("userMetadata"), link)
             if r is not None and r.epoch not in found:
                 found[r.epoch] = (r, int(commit.get("timestamp") or 0))
@@ -108,7 +124,9 @@ class BatchEpochTable:
         table = self.table()
         if table is None:
             return None
-        decided = [v for v in be.link_txns(link, self.txns(table, link)).values() if v < be.FENCED]
+        # Read to a depth, the store knows the decisions within it only: a txn version beyond them has no record here.
+        decided = ([] if self.depth is not None else
+                   [v for v in be.link_txns(link, self.txns(table, link)).values() if v < be.FENCED])
         epochs = [r.epoch for r in self.records(link)] + decided
         return max(epochs) if epochs else None
 

@@ -226,35 +226,43 @@ def test_delta_to_lastagent_kafka_exactly_once(sinks_run, kafka_bootstrap):
 MERGE_KEYS, MERGE_CHANGES, MERGE_PER_TRIGGER = 10, 60, 20  # change i sets key i % 10 to amount i
 
 
-def test_foreach_batch_epoch_on_the_connect_server(run_client, kafka_bootstrap, kafka_admin, tmp_path):
-    """foreachBatch runs on the Connect server: the block there makes the SQL MERGE and the events one epoch; a
-    second run (its own foreachBatch process, so its own run and claim) replays the last epoch: Delta skips it,
-    nothing is sent again. Read back with delta-rs and a read_committed consumer."""
+def test_foreach_batch_epoch_on_the_connect_server(connect_server, kafka_bootstrap, kafka_admin, tmp_path):
+    """Two clients at once, each a query whose foreachBatch runs on the Connect server: each block makes an SQL
+    MERGE and the events one epoch, on its client's own session (no block refuses the other, neither's settings
+    reach the other's table); a second run of each (its own foreachBatch process, so its own run and claim)
+    replays the last epoch: Delta skips it, nothing is sent again. Read back with delta-rs and a read_committed
+    consumer."""
     from deltalake import DeltaTable
 
-    source, events = make_topic(kafka_admin), make_topic(kafka_admin, 2, "events")
-    produce(kafka_bootstrap, source, [(str(i % MERGE_KEYS), json.dumps({"id": i % MERGE_KEYS, "amount": i}))
-                                      for i in range(MERGE_CHANGES)])
-    link = f"connect-merge-{uuid.uuid4().hex[:8]}"
-    args = {"bootstrap": kafka_bootstrap, "topic": source, "events": events, "link": link,
-            "table": str(tmp_path / "orders"), "checkpoint": str(tmp_path / "ckpt"), "per_trigger": MERGE_PER_TRIGGER}
-    run = run_client("merge", args)
-    assert run.code == 0, run.explain()
-    assert run.result["batches"] == MERGE_CHANGES // MERGE_PER_TRIGGER and run.result["replayed"] == 1, run.result
-    table = DeltaTable(args["table"])
-    rows = table.to_pyarrow_table().to_pylist()
-    assert {r["id"]: r["amount"] for r in rows} == {k: max(i for i in range(MERGE_CHANGES) if i % MERGE_KEYS == k)
-                                                     for k in range(MERGE_KEYS)}
-    assert len({r["sk"] for r in rows}) == MERGE_KEYS  # identity values from Spark's writer
-    history = [json.loads(c["userMetadata"])["lastagent"] for c in table.history() if c.get("userMetadata")]
-    merges = sorted(h["epoch"] for h in history if h.get("branches"))
-    assert merges == [0, 1, 2], history  # the replayed epoch made no second commit
-    claims = [h["claim"]["run"] for h in history if "claim" in h]
-    assert len(claims) == 2 and len(set(claims)) == 2 and all(r.startswith("connect-") for r in claims), claims
-    sent = read_committed(kafka_bootstrap, events, MERGE_CHANGES)
-    assert sorted(json.loads(v)["amount"] for _, v in sent) == list(range(MERGE_CHANGES))
-    with KafkaXAResource({"bootstrap.servers": kafka_bootstrap}) as xa:
-        assert xa.recover(f"lastagent-{link}-") == []
+    clients = []
+    for n in range(2):
+        source, events = make_topic(kafka_admin), make_topic(kafka_admin, 2, "events")
+        produce(kafka_bootstrap, source, [(str(i % MERGE_KEYS), json.dumps({"id": i % MERGE_KEYS, "amount": i}))
+                                          for i in range(MERGE_CHANGES)])
+        args = {"bootstrap": kafka_bootstrap, "topic": source, "events": events,
+                "link": f"connect-merge-{n}-{uuid.uuid4().hex[:8]}", "table": str(tmp_path / f"orders-{n}"),
+                "checkpoint": str(tmp_path / f"ckpt-{n}"), "per_trigger": MERGE_PER_TRIGGER}
+        log = tmp_path / f"client-{n}.log"
+        clients.append((args, log, start_client(connect_server, "merge", args, log)))
+    for args, log, proc in clients:
+        run = finish_client(proc, connect_server, log, 420.0)
+        assert run.code == 0, run.explain()
+        assert run.result["batches"] == MERGE_CHANGES // MERGE_PER_TRIGGER and run.result["replayed"] == 1, run.result
+        table = DeltaTable(args["table"])
+        rows = table.to_pyarrow_table().to_pylist()
+        assert {r["id"]: r["amount"] for r in rows} == {k: max(i for i in range(MERGE_CHANGES) if i % MERGE_KEYS == k)
+                                                         for k in range(MERGE_KEYS)}
+        assert len({r["sk"] for r in rows}) == MERGE_KEYS  # identity values from Spark's writer
+        history = [json.loads(c["userMetadata"])["lastagent"] for c in table.history() if c.get("userMetadata")]
+        assert {h["link"] for h in history} == {args["link"]}, history  # the other client's block never reached it
+        merges = sorted(h["epoch"] for h in history if h.get("branches"))
+        assert merges == [0, 1, 2], history  # the replayed epoch made no second commit
+        claims = [h["claim"]["run"] for h in history if "claim" in h]
+        assert len(claims) == 2 and len(set(claims)) == 2 and all(r.startswith("connect-") for r in claims), claims
+        sent = read_committed(kafka_bootstrap, args["events"], MERGE_CHANGES)
+        assert sorted(json.loads(v)["amount"] for _, v in sent) == list(range(MERGE_CHANGES))
+        with KafkaXAResource({"bootstrap.servers": kafka_bootstrap}) as xa:
+            assert xa.recover(f"lastagent-{args['link']}-") == []
 
 
 # --- recovery after the server is killed -----------------------------------------------------------

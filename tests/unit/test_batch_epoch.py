@@ -76,6 +76,36 @@ def test_leaving_an_epoch():
     assert fenced.roll_back == (B1,) and "fenced" in fenced.fail
 
 
+def test_a_data_change_without_the_blocks_record_is_a_stray_write():
+    record = be.BatchRecord("orders", 7, 2, (B1,)).to_metadata()
+    claim = be.Claim("orders", 2, "run-3", "n").to_metadata()
+    other_link = be.BatchRecord("payments", 3, 1, ()).to_metadata()
+    commits = [be.Commit(10, "MERGE", record), be.Commit(11, "WRITE", claim), be.Commit(12, "OPTIMIZE", None),
+               be.Commit(13, "STREAMING UPDATE", other_link), be.Commit(14, "VACUUM END", '{"job": "nightly"}')]
+    assert be.stray_writes(commits) == []
+    unseen = [be.Commit(15, "MERGE", None), be.Commit(16, "WRITE", "nightly load"), be.Commit(17, "DELETE", "{}"),
+              be.Commit(18, "SOME FUTURE OPERATION", None)]  # an operation the list does not know counts as data
+    assert be.stray_writes(commits + unseen) == unseen
+    undecided = be.stray_reason("orders", 7, "/t/orders", unseen[:1], None)
+    assert "version 15 (MERGE)" in undecided and "rolled back" in undecided and "batch.sparkSession" in undecided
+    assert "RESTORE TABLE delta.`/t/orders` TO VERSION AS OF 14" in undecided
+    decided = be.stray_reason("orders", 7, "/t/orders", unseen[:1], 10)
+    assert "decided by version 10" in decided and "exactly one Delta write" in decided
+
+
+def test_a_stray_write_decides_nothing_and_a_standing_record_is_still_finished():
+    fresh = be.Fresh(be.app_id("orders", 2), 7)
+    other = Branch("lastagent-orders-g2-0-1", 13, 0)
+    why = "link 'orders' epoch 7: ... version 15 (MERGE)"
+    # No record: the block must not decide with its empty append; everything is rolled back and the batch fails.
+    assert be.leave("orders", fresh, 2, [B1], [B1, other], None, False, stray=why) == \
+        be.Finish((), (B1, other), why, stray=True)
+    # A record stands (the one write decided, a second one strayed): its branches are committed all the same.
+    recorded = be.BatchRecord("orders", 7, 2, (B1,))
+    assert be.leave("orders", fresh, 2, [B1], [B1, other], recorded, False, stray=why) == \
+        be.Finish((B1,), (other,), why, stray=True)
+
+
 def test_the_block_refuses_what_it_does_not_implement_by_name():
     from types import SimpleNamespace
 
