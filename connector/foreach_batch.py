@@ -276,6 +276,8 @@ class Epoch:
     # -- the block ---------------------------------------------------------------------------------
 
     def __enter__(self) -> Epoch:
+        if _is_connect(self.batch.sparkSession):
+            self._require_own_connect_session()  # before anything is claimed or written
         run = self._run_id()
         key = (self.table, self.link, run)
         with _lock:
@@ -285,8 +287,6 @@ class Epoch:
             with _lock:
                 _generations[key] = generation
         self.generation = generation
-        if _is_connect(self.batch.sparkSession):
-            self._require_own_connect_session()
         dt = self._delta()
         self._entered_version = int(dt.version())
         self.entry = be.enter(self.link, self.epoch, generation, self._txns(dt), self._record(self._history(dt)))

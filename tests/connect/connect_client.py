@@ -205,7 +205,33 @@ def merge(spark: SparkSession, a: dict[str, Any]) -> dict[str, Any]:
     return {"batches": len(first.recentProgress), "replayed": len(second.recentProgress), "replayed_epoch": last}
 
 
-SCENARIOS = {"source": source, "sinks": sinks, "relay": relay, "merge": merge}
+def merge_beside(spark: SparkSession, a: dict[str, Any]) -> dict[str, Any]:
+    """A lastagent.epoch query started while the same client session runs another query (a rate stream into
+    noop): the block's settings would be on the session both queries write through, so it refuses by name."""
+    import lastagent
+
+    b, table, link, events = a["bootstrap"], a["table"], a["link"], a["events"]
+    spark.sql(f"CREATE TABLE delta.`{table}` (id BIGINT, amount BIGINT) USING delta")
+    other = spark.readStream.format("rate").load().writeStream.format("noop").queryName("beside").start()
+
+    def apply(batch: Any, epoch_id: int) -> None:  # runs in the server's foreachBatch process
+        with lastagent.epoch(batch, epoch_id, link=link, table=table, **{"kafka.bootstrap.servers": b}) as e:
+            e.to_kafka(batch.selectExpr("CAST(id AS STRING) AS key", "to_json(struct(id, amount)) AS value"),
+                       topic=events)
+            batch.write.format("delta").mode("append").save(table)
+
+    try:
+        query = (_kafka_stream(spark, b, a["topic"])
+                 .selectExpr("CAST(get_json_object(CAST(value AS STRING), '$.id') AS BIGINT) AS id",
+                             "CAST(get_json_object(CAST(value AS STRING), '$.amount') AS BIGINT) AS amount")
+                 .writeStream.foreachBatch(apply).option("checkpointLocation", a["checkpoint"])
+                 .trigger(availableNow=True).start())
+        return {"error": _error(lambda: _run(query, "lastagent.epoch beside another query"))}
+    finally:
+        other.stop()
+
+
+SCENARIOS = {"source": source, "sinks": sinks, "relay": relay, "merge": merge, "merge_beside": merge_beside}
 
 
 def main(argv: list[str]) -> int:

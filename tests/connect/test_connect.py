@@ -265,6 +265,26 @@ def test_foreach_batch_epoch_on_the_connect_server(connect_server, kafka_bootstr
             assert xa.recover(f"lastagent-{args['link']}-") == []
 
 
+def test_foreach_batch_epoch_beside_another_query_of_the_same_client_is_refused(run_client, kafka_bootstrap,
+                                                                               kafka_admin, tmp_path):
+    """On Connect the batch's session is the client's, which its other queries write through too: the block
+    refuses by name while the session runs another query, before it writes anything."""
+    from deltalake import DeltaTable
+
+    source, events = make_topic(kafka_admin), make_topic(kafka_admin, 2, "events")
+    produce(kafka_bootstrap, source, [("1", json.dumps({"id": 1, "amount": 1}))])
+    args = {"bootstrap": kafka_bootstrap, "topic": source, "events": events,
+            "link": f"connect-beside-{uuid.uuid4().hex[:8]}", "table": str(tmp_path / "orders"),
+            "checkpoint": str(tmp_path / "ckpt")}
+    run = run_client("merge_beside", args)
+    assert run.code == 0, run.explain()
+    error = run.result["error"] or ""
+    assert "on Spark Connect the block's Delta settings are session-wide" in error and "beside" in error, error
+    table = DeltaTable(args["table"])
+    assert [c["operation"] for c in table.history()] == ["CREATE TABLE"] and table.to_pyarrow_table().num_rows == 0
+    assert read_committed(kafka_bootstrap, events, 1, timeout_s=5) == []
+
+
 # --- recovery after the server is killed -----------------------------------------------------------
 
 
