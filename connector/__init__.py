@@ -47,7 +47,9 @@ def reliable_groups(df: Any, **kwargs: Any) -> Any:
     """Duplicate elimination and ordered delivery by WS-Reliability's group rules: see
     :func:`lastagent.groups.step.reliable_groups` for the arguments. Driver side."""
     from lastagent.groups.step import reliable_groups as step
+    from lastagent.spark_versions import require_supported
 
+    require_supported()  # as the formats do at a query's start
     return step(df, **kwargs)
 
 

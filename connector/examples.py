@@ -284,6 +284,15 @@ def enrich(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch.append_column("amount", pa.array(amounts, pa.int64()))
 
 
+def _changes(spark: Any, bootstrap: str, source: str, per_trigger: str) -> Any:
+    """Change records (JSON ``{"id", "amount"}``) read from ``source`` with ``lastagent-kafka``: (id, amount)."""
+    return (spark.readStream.format("lastagent-kafka").options(**_kafka_options())
+            .option("kafka.bootstrap.servers", bootstrap).option("subscribe", source)
+            .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", per_trigger).load()
+            .selectExpr("CAST(get_json_object(CAST(value AS STRING), '$.id') AS BIGINT) AS id",
+                        "CAST(get_json_object(CAST(value AS STRING), '$.amount') AS BIGINT) AS amount"))
+
+
 def merge_changes(spark: Any, bootstrap: str, source: str, events: str, table: str, checkpoint: str, link: str,
                   per_trigger: str = "40") -> Any:
     """Kafka change records → ``foreachBatch``: events to Kafka and a MERGE into Delta as one epoch; the started query."""
@@ -302,13 +311,8 @@ def merge_changes(spark: Any, bootstrap: str, source: str, events: str, table: s
              .whenMatchedUpdate(set={"amount": "s.amount"})
              .whenNotMatchedInsert(values={"id": "s.id", "amount": "s.amount"}).execute())
 
-    return _trigger(
-        spark.readStream.format("lastagent-kafka").options(**_kafka_options())
-        .option("kafka.bootstrap.servers", bootstrap).option("subscribe", source)
-        .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", per_trigger).load()
-        .selectExpr("CAST(get_json_object(CAST(value AS STRING), '$.id') AS BIGINT) AS id",
-                    "CAST(get_json_object(CAST(value AS STRING), '$.amount') AS BIGINT) AS amount")
-        .writeStream.foreachBatch(apply).option("checkpointLocation", checkpoint)).start()
+    return _trigger(_changes(spark, bootstrap, source, per_trigger).writeStream.foreachBatch(apply)
+                    .option("checkpointLocation", checkpoint)).start()
 
 
 def merge_driver(*args: str) -> int:
@@ -328,13 +332,8 @@ def plain_appends(spark: Any, bootstrap: str, source: str, table: str, checkpoin
         finally:
             spark.catalog.dropGlobalTempView(view)
 
-    return _trigger(
-        spark.readStream.format("lastagent-kafka").options(**_kafka_options())
-        .option("kafka.bootstrap.servers", bootstrap).option("subscribe", source)
-        .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", per_trigger).load()
-        .selectExpr("CAST(get_json_object(CAST(value AS STRING), '$.id') AS BIGINT) AS id",
-                    "CAST(get_json_object(CAST(value AS STRING), '$.amount') AS BIGINT) AS amount")
-        .writeStream.foreachBatch(append).option("checkpointLocation", checkpoint)).start()
+    return _trigger(_changes(spark, bootstrap, source, per_trigger).writeStream.foreachBatch(append)
+                    .option("checkpointLocation", checkpoint)).start()
 
 
 def shared_driver(bootstrap: str, base: str, source_a: str, events_a: str, link_a: str, source_b: str, events_b: str,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
@@ -55,6 +56,18 @@ SESSIONS: dict[str, dict[str, str] | None] = {"daemon-on": None, "daemon-off": D
 #: Set by ``make test-chaos-full``: every crash point in every session (the default run spreads the
 #: points over the sessions, to stay within the test budget).
 FULL = os.environ.get("LASTAGENT_CHAOS_FULL") == "1"
+
+
+def produce_changes(bootstrap: str, topic: str, changes: int, keys: int) -> None:
+    """Change records to a 2-partition topic: change i sets key ``i % keys`` to amount i (JSON ``{"id", "amount"}``),
+    so the last change per key is the oracle of a MERGE."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(changes):
+        producer.produce(topic, key=str(i % keys).encode(), value=json.dumps({"id": i % keys, "amount": i}).encode(),
+                         partition=i % 2)
+    assert producer.flush(30) == 0
 
 
 def sessions_for(points: list[str]) -> list[tuple[str, str]]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import support
-from support import read_committed
+from support import produce_changes, read_committed
 
 from lastagent.kafka.xa import KafkaXAResource
 
@@ -32,13 +32,7 @@ SCHEDULE = ["after_arbitration:2", "after_prepare:3"]
 
 
 def _produce(bootstrap: str, topic: str) -> None:
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": bootstrap})
-    for i in range(CHANGES):
-        producer.produce(topic, key=str(i % KEYS).encode(), value=json.dumps({"id": i % KEYS, "amount": i}).encode(),
-                         partition=i % 2)
-    assert producer.flush(30) == 0
+    produce_changes(bootstrap, topic, CHANGES, KEYS)
 
 
 def _log_actions(table: Path) -> list[dict]:

@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from support import read_committed
+from support import produce_changes, read_committed
 
 pytestmark = pytest.mark.integration
 
@@ -25,13 +25,7 @@ KEYS, CHANGES = 20, 120  # change i sets key i % KEYS to amount i; the last per 
 
 
 def _produce(bootstrap: str, topic: str) -> None:
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": bootstrap})
-    for i in range(CHANGES):
-        producer.produce(topic, key=str(i % KEYS).encode(), value=json.dumps({"id": i % KEYS, "amount": i}).encode(),
-                         partition=i % 2)
-    assert producer.flush(30) == 0
+    produce_changes(bootstrap, topic, CHANGES, KEYS)
 
 
 def _query(spark, bootstrap, source, events, table, checkpoint, link):

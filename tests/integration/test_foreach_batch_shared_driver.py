@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from support import read_committed
+from support import produce_changes, read_committed
 
 pytestmark = pytest.mark.integration
 
@@ -23,13 +23,7 @@ KEYS, CHANGES, PER_TRIGGER = 20, 160, 20  # change i sets key i % KEYS to amount
 
 
 def _produce(bootstrap: str, topic: str, n: int = CHANGES) -> None:
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": bootstrap})
-    for i in range(n):
-        producer.produce(topic, key=str(i % KEYS).encode(), value=json.dumps({"id": i % KEYS, "amount": i}).encode(),
-                         partition=i % 2)
-    assert producer.flush(30) == 0
+    produce_changes(bootstrap, topic, n, KEYS)
 
 
 def _changes(spark, bootstrap: str, source: str):
