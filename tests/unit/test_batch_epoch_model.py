@@ -119,6 +119,10 @@ class Rules:
     def leave(self, *args, **kwargs) -> be.Exit:
         return be.leave(*args, **kwargs)
 
+    def stray(self, commits: list[be.Commit]) -> str | None:
+        found = be.stray_writes(commits)
+        return be.stray_reason(LINK, EPOCH, "t", found, None) if found else None
+
 
 def _generation(b: Branch) -> int:
     """Transactional ids carry the run's generation (the sinks' id naming: link, generation, task, attempt)."""
@@ -141,6 +145,9 @@ class Run:
     body_failed: bool = False
     decided_here: bool = False
     failed: str | None = None
+    entered: int = 0  # the table's commit count when the block began
+    left: bool = False  # the block's exit ran to its end
+    stray_body: bool = False  # the body writes through a session the block did not set (no txn, no record)
 
     def done(self) -> bool:
         return self.pc == "done"
@@ -187,6 +194,7 @@ class Run:
             self.pc = "enter"
         elif pc == "enter":
             self.entry = be.enter(LINK, EPOCH, self.generation, w.txns(), w.record(EPOCH))
+            self.entered = len(w.commits)
             if isinstance(self.entry, be.Fresh):
                 self.metadata = be.BatchRecord(LINK, EPOCH, self.generation, ()).to_metadata()
             self.pc = "to-kafka"
@@ -207,14 +215,20 @@ class Run:
             self.pc = "merge-commit"
         elif pc == "merge-commit":
             assert self.tx is not None
-            got = w.commit(*self.tx, self.entry.app, EPOCH, self.metadata, EPOCH)  # type: ignore[union-attr]
-            self.body_failed = got == "conflict"
+            if self.stray_body:  # another session: Delta neither skips it nor adds txn or record
+                w.commits.append(Commit(None, None, EPOCH))
+            else:
+                got = w.commit(*self.tx, self.entry.app, EPOCH, self.metadata, EPOCH)  # type: ignore[union-attr]
+                self.body_failed = got == "conflict"
             self.pc = "leave"
         elif pc == "leave":
+            window = [be.Commit(i, "MERGE" if c.data_epoch is not None else "WRITE", c.metadata)
+                      for i, c in enumerate(w.commits) if i >= self.entered]
+            stray = None if self.body_failed or self.decided_here else rules.stray(window)
             self.pending = rules.leave(LINK, self.entry, self.generation, self.prepared,
                                        [b for b, s in w.branches.items()
                                         if s == "open" and _generation(b) <= self.generation],
-                                       w.record(EPOCH), self.body_failed, self.decided_here)
+                                       w.record(EPOCH), self.body_failed, self.decided_here, stray)
             self.pc = "empty-begin" if isinstance(self.pending, be.DecideByEmptyCommit) else "finish"
         elif pc == "empty-begin":
             d = self.pending
@@ -233,15 +247,16 @@ class Run:
             for b in f.roll_back:  # type: ignore[union-attr]
                 w.end(b, False)
             self.failed = f.fail or ("body failed" if self.body_failed else None)  # type: ignore[union-attr]
+            self.left = True
             self.pc = "done"
 
 
-def _start(restarts: int) -> tuple[World, Run, ...]:
+def _start(restarts: int, stray_body: bool = False) -> tuple[World, Run, ...]:
     w = World()
     # Run A won the first claim (it fenced generation 0) and holds the link as generation 1.
     c = be.Claim(LINK, 0, "A", "A-0")
     w.commits.append(Commit((be.app_id(LINK, 0), be.FENCED), c.to_metadata(), None))
-    a = Run("A", generation=1, pc="enter")
+    a = Run("A", generation=1, pc="enter", stray_body=stray_body)
     if restarts > 1:  # A stopped for good with its branch prepared: the restarts race each other
         w.prepare("g1-task")
         a.pc = "done"
@@ -250,9 +265,15 @@ def _start(restarts: int) -> tuple[World, Run, ...]:
 
 def _violations(w: World, a: Run, *restarts: Run) -> list[str]:
     out = list(w.hazards)
-    data = [c for c in w.commits if c.data_epoch == EPOCH]
+    # A stray write (a session the block did not set) is the body's own, applied as often as the body runs; what the
+    # rules owe is that it never decides: A fails, writes no record, and the decided data stays once.
+    data = [c for c in w.commits if c.data_epoch == EPOCH and (not a.stray_body or c.metadata is not None)]
     deciding = [be.record_in(c.metadata, LINK) for c in w.commits]
     deciding = [r for r in deciding if r is not None and r.epoch == EPOCH]
+    if a.stray_body and any(r.generation == a.generation for r in deciding):
+        out.append("A decided the epoch after its body wrote through another session")
+    if a.stray_body and a.left and a.failed is None:
+        out.append("A finished without failing after its body wrote through another session")
     if len(data) > 1:
         out.append(f"epoch {EPOCH}'s data committed {len(data)} times")
     if len(deciding) > 1:
@@ -266,18 +287,24 @@ def _violations(w: World, a: Run, *restarts: Run) -> list[str]:
             out.append(f"{b.name} finished but epoch 1 was never decided")
         elif b.failed is None and not set(deciding[0].branches) <= committed:
             out.append(f"{b.name} finished with the record's branches not all committed")
-    if restarts and all(b.failed is not None for b in restarts):
-        out.append("no restart finished: " + ", ".join(f"{b.name} {b.failed!r}" for b in restarts))
+    # A restart whose block was open when A's stray write landed refuses it as well (it cannot tell it from its
+    # own body's): fail closed, and the next restart goes on. Every other restart must finish.
+    strays = [i for i, c in enumerate(w.commits) if c.data_epoch == EPOCH and c.metadata is None]
+    owed = [b for b in restarts if not (b.left and any(i >= b.entered for i in strays))]
+    if owed and all(b.failed is not None for b in owed):
+        out.append("no restart finished: " + ", ".join(f"{b.name} {b.failed!r}" for b in owed))
     return out
 
 
-def explore(rules: Rules, restarts: int = 1, first_only: bool = False) -> tuple[int, list[str]]:
+def explore(rules: Rules, restarts: int = 1, first_only: bool = False,
+            stray_body: bool = False) -> tuple[int, list[str]]:
     """Every interleaving of A (which may stop after any step) and the restarts (which run to their end);
-    with ``first_only``, until the first end state that breaks an invariant."""
+    with ``first_only``, until the first end state that breaks an invariant; with ``stray_body``, A's body makes its
+    Delta write through a session the block did not set."""
     seen: set[tuple] = set()
     bad: set[str] = set()
     finals = 0
-    stack = [_start(restarts)]
+    stack = [_start(restarts, stray_body)]
     while stack:
         state = stack.pop()
         key = tuple(x.key() for x in state)
@@ -313,6 +340,27 @@ def test_every_interleaving_of_a_run_and_its_restarts_keeps_the_epoch_once(resta
     assert bad == []
 
 
+def test_a_body_that_writes_through_another_session_never_decides():
+    """A's body makes its write through a session the block's settings did not reach (no txn, no record), in every
+    interleaving with its restart: A never decides (its exit sees the write and refuses), its branch is never
+    committed, and B's replay decides the epoch once."""
+    finals, bad = explore(Rules(), 1, stray_body=True)
+    assert finals > 20
+    assert bad == []
+
+
+class IgnoresStrayWrites(Rules):
+    """The exit does not look at what the table committed while the block was open (the block before issue 54)."""
+
+    def stray(self, commits):
+        return None
+
+
+def test_the_check_catches_an_exit_that_ignores_stray_writes():
+    _, bad = explore(IgnoresStrayWrites(), 1, first_only=True, stray_body=True)
+    assert any("A decided the epoch after its body wrote through another session" in b for b in bad), bad
+
+
 class NoFence(Rules):
     """The claim fences nothing: it commits under an app id no run decides with."""
 
@@ -331,8 +379,9 @@ class TrustsItsClaim(Rules):
 class CommitsWithoutRecord(Rules):
     """The exit commits what the block prepared even when no record names it."""
 
-    def leave(self, link, entry, generation, prepared, open_branches, record, body_failed, decided_here=False):
-        out = be.leave(link, entry, generation, prepared, open_branches, record, body_failed, decided_here)
+    def leave(self, link, entry, generation, prepared, open_branches, record, body_failed, decided_here=False,
+              stray=None):
+        out = be.leave(link, entry, generation, prepared, open_branches, record, body_failed, decided_here, stray)
         if isinstance(out, be.Finish) and record is None:
             return be.Finish(tuple(prepared), (), out.fail)
         return out
