@@ -17,7 +17,9 @@ a write whose app id's ``txn`` is at or above its version is skipped; a commit f
 snapshot changed a ``txn`` it read). The invariants: epoch 1's data is committed at most once, and once when B
 finishes; every committed branch is named by the one deciding record; no record names a branch that was rolled
 back (the hazard presumed abort must never meet). Mutants of the rules (no fence; a claimer that does not check
-that it won; an exit that commits what it prepared without a record) must each break one.
+that it won; an exit that commits what it prepared without a record) must each break one. A third run shape: A's
+body writes through a session the block did not set (no ``txn``, no record): A must never decide, and an exit that
+does not look at what the table committed while the block was open (the mutant) does.
 """
 
 from __future__ import annotations
