@@ -32,7 +32,7 @@ export LASTAGENT_WHEEL_TOOLS := $(WHEEL_TOOLS)
 export LASTAGENT_CARGO_TARGET_DIR ?= $(LASTAGENT_CACHE)/wheel-target
 NO_CARGO    := echo "setup: cargo not found: lastagent's Kafka path (native/) is Rust; install a toolchain with rustup (https://rustup.rs)"
 
-.PHONY: setup wheels aarch64-python run test check test-unit test-integration test-chaos test-chaos-full test-wheel test-spark-versions test-cluster test-kafka-cluster test-connect test-notebook test-soak soak lint kafka-up kafka-down kafka-up-secured kafka-down-secured kafka-up-cluster kafka-down-cluster s3-up s3-down bench clean docs
+.PHONY: setup wheels aarch64-python run test check test-unit test-integration test-chaos test-chaos-full test-wheel test-spark-versions test-kafka-versions test-cluster test-kafka-cluster test-connect test-notebook test-soak soak lint kafka-up kafka-down kafka-up-secured kafka-down-secured kafka-up-cluster kafka-down-cluster s3-up s3-down bench clean docs
 
 setup: $(VENV)/.installed .cache/kafka/jars/.complete .cache/spark/jars/.complete .cache/s3/jars/.complete \
        .cache/spark/s3a-jars/.complete
@@ -143,7 +143,7 @@ run: setup kafka-up
 TEST_WORKERS ?= 2
 test:
 	@$(MAKE) --no-print-directory -j2 setup $(TEST_JVM) lint
-	$(PYTEST) tests -m "not soak and not cluster and not kafka_cluster and not source_build and not spark_versions" \
+	$(PYTEST) tests -m "not soak and not cluster and not kafka_cluster and not source_build and not spark_versions and not kafka_versions" \
 	  -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=40 --junitxml=.cache/test-times.xml
 
 # Zero findings: ruff on the tree, mypy on the package as installed (py.typed), clippy on native/ (every
@@ -187,6 +187,14 @@ test-wheel: setup $(TEST_JVM)
 SPARK_VERSIONS ?=
 test-spark-versions: setup $(TEST_JVM)
 	LASTAGENT_SPARK_VERSIONS="$(SPARK_VERSIONS)" $(PYTEST) tests/spark_versions --durations=10
+
+# Every Kafka broker release users run (3.9.1 with transaction protocol 1; 4.0.1, 4.2.1 and the newest, 4.4.0, with
+# protocol 2): each a single KRaft broker of that release (dev/kafka_broker.py --kafka-version, jars from Maven
+# Central), every link and the epoch block in one driver SIGKILLed and restarted, and a transactional id run past the
+# producer-epoch limit (tests/kafka_versions). KAFKA_VERSIONS="3.9.1 4.4.0" runs those only.
+KAFKA_VERSIONS ?=
+test-kafka-versions: setup $(TEST_JVM)
+	LASTAGENT_KAFKA_VERSIONS="$(KAFKA_VERSIONS)" $(PYTEST) tests/kafka_versions --durations=10
 
 # A Spark standalone cluster (master + two workers on 127.0.0.1): the three links, a driver and a worker killed.
 test-cluster: setup $(TEST_JVM)

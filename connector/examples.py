@@ -12,6 +12,8 @@ METRICS_FILE`` runs Kafka → reliable groups → ``lastagent-delta`` until ``ST
 ``python -m lastagent.examples merge-driver BOOTSTRAP SOURCE_TOPIC EVENTS_TOPIC TABLE CHECKPOINT LINK [PER_TRIGGER]``
 runs change records (JSON ``{"id", "amount"}``) through ``foreachBatch`` with :func:`lastagent.epoch`: one event per
 change to ``EVENTS_TOPIC``, then a ``MERGE`` of the newest amount per id into the Delta table ``TABLE``.
+``python -m lastagent.examples every-link-driver BOOTSTRAP BASE LINK DELTA_SOURCE ORDERS SINK_TOPIC COPY_TOPIC DEAD_LETTERS
+SIDE CHANGES EVENTS [PER_TRIGGER]`` runs the three links and the merge pipeline as four queries of one application.
 ``python -m lastagent.examples shared-driver BOOTSTRAP BASE SOURCE_A EVENTS_A LINK_A SOURCE_B EVENTS_B LINK_B SOURCE_C
 [PER_TRIGGER]`` runs two such pipelines (tables ``BASE/a``, ``BASE/b``) and a plain ``foreachBatch`` appending
 ``SOURCE_C`` to ``BASE/c`` through the global session, as three queries of one driver.
@@ -181,19 +183,39 @@ def delta_driver(*args: str) -> int:
     return _run("lastagent-delta-driver", lambda spark: kafka_to_delta(spark, *args))
 
 
-def links_driver(bootstrap: str, base: str, link: str, delta_source: str, orders: str, sink_topic: str,
-                 copy_topic: str, dead_letters: str, side: str, per_trigger: str = "100") -> int:
-    """The three links as three queries of one application: Delta → Kafka (``<link>-sink``), Kafka → Kafka
-    (``<link>-copy``, from ``orders``) and Kafka → Delta (``<link>-delta``, from ``orders`` into
-    ``<base>/orders``); checkpoints and arbitration tables under ``base``."""
-    return _run(
-        "lastagent-links-driver",
+def _three_links(bootstrap: str, base: str, link: str, delta_source: str, orders: str, sink_topic: str,
+                 copy_topic: str, dead_letters: str, side: str, per_trigger: str) -> list[Callable[[Any], Any]]:
+    """The starts of the three links: Delta → Kafka (``<link>-sink``), Kafka → Kafka (``<link>-copy``, from
+    ``orders``) and Kafka → Delta (``<link>-delta``, from ``orders`` into ``<base>/orders``); checkpoints and
+    arbitration tables under ``base``."""
+    return [
         lambda spark: delta_to_kafka(spark, bootstrap, delta_source, f"{base}/ckpt-sink", f"{base}/arb-sink",
                                      f"{link}-sink", sink_topic),
         lambda spark: kafka_to_kafka(spark, bootstrap, orders, f"{base}/ckpt-copy", f"{base}/arb-copy",
                                      f"{link}-copy", copy_topic, per_trigger),
         lambda spark: kafka_to_delta(spark, bootstrap, orders, f"{base}/orders", f"{base}/ckpt-delta",
                                      f"{link}-delta", dead_letters, side, per_trigger),
+    ]
+
+
+def links_driver(bootstrap: str, base: str, link: str, delta_source: str, orders: str, sink_topic: str,
+                 copy_topic: str, dead_letters: str, side: str, per_trigger: str = "100") -> int:
+    """The three links (:func:`_three_links`) as three queries of one application."""
+    return _run("lastagent-links-driver", *_three_links(bootstrap, base, link, delta_source, orders, sink_topic,
+                                                         copy_topic, dead_letters, side, per_trigger))
+
+
+def every_link_driver(bootstrap: str, base: str, link: str, delta_source: str, orders: str, sink_topic: str,
+                      copy_topic: str, dead_letters: str, side: str, changes: str, events: str,
+                      per_trigger: str = "100") -> int:
+    """The three links (:func:`_three_links`) and the epoch block of :func:`merge_changes` (``<link>-merge``, from
+    ``changes`` into ``<base>/merged``, one event per change to ``events``) as four queries of one application."""
+    return _run(
+        "lastagent-every-link-driver",
+        *_three_links(bootstrap, base, link, delta_source, orders, sink_topic, copy_topic, dead_letters, side,
+                      per_trigger),
+        lambda spark: merge_changes(spark, bootstrap, changes, events, f"{base}/merged", f"{base}/ckpt-merge",
+                                    f"{link}-merge", per_trigger),
     )
 
 
@@ -353,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     pipelines: dict[str, Callable[..., int]] = {"sink-driver": sink_driver, "kafka-driver": kafka_driver,
                                                 "delta-driver": delta_driver, "links-driver": links_driver,
                                                 "groups-driver": groups_driver, "merge-driver": merge_driver,
-                                                "shared-driver": shared_driver}
+                                                "shared-driver": shared_driver, "every-link-driver": every_link_driver}
     parser.add_argument("pipeline", choices=sorted(pipelines))
     parser.add_argument("args", nargs="*")
     args = parser.parse_args(argv)

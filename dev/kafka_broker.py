@@ -34,6 +34,7 @@ import argparse
 import base64
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import time
@@ -47,6 +48,9 @@ ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("LASTAGENT_CACHE", ROOT / ".cache"))
 JARS = CACHE / "kafka" / "jars"
 POM = ROOT / "dev" / "kafka" / "pom.xml"
+#: The broker version the pom pins (the tests' and the demo's); another one with --kafka-version or
+#: LASTAGENT_KAFKA_VERSION, its jars in .cache/kafka/jars-<version> (the broker-version tier runs several).
+DEFAULT_VERSION = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", POM.read_text()).group(1)  # type: ignore[union-attr]
 DEFAULT_PORT = int(os.environ.get("LASTAGENT_KAFKA_PORT", "39092"))
 DEFAULT_SECURED_PORT = int(os.environ.get("LASTAGENT_SECURED_KAFKA_PORT", "39192"))
 # Kafka aborts an open transaction after its timeout; the protocol needs room to finish a
@@ -192,29 +196,42 @@ class BrokerError(RuntimeError):
     """The broker could not be resolved, formatted or started."""
 
 
-def resolve_jars() -> Path:
-    """Resolves the broker's jars from Maven Central once; later calls use the cache."""
-    marker = JARS / ".complete"
+def version_of(version: str | None = None) -> str:
+    """The broker version asked for: ``version``, else LASTAGENT_KAFKA_VERSION, else the pom's."""
+    return (version or os.environ.get("LASTAGENT_KAFKA_VERSION", "")).strip() or DEFAULT_VERSION
+
+
+def jars_dir(version: str | None = None) -> Path:
+    """Where the jars of a broker version are cached (the pom's version in .cache/kafka/jars)."""
+    version = version_of(version)
+    return JARS if version == DEFAULT_VERSION else CACHE / "kafka" / f"jars-{version}"
+
+
+def resolve_jars(version: str | None = None) -> Path:
+    """Resolves a broker version's jars from Maven Central once; later calls use the cache."""
+    version = version_of(version)
+    jars = jars_dir(version)
+    marker = jars / ".complete"
     if marker.exists():
-        return JARS
-    JARS.mkdir(parents=True, exist_ok=True)
+        return jars
+    jars.mkdir(parents=True, exist_ok=True)
     cmd = [
         "mvn", "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
-        f"-DoutputDirectory={JARS}", "-DincludeScope=runtime",
+        f"-DoutputDirectory={jars}", "-DincludeScope=runtime", f"-Dkafka.version={version}",
     ]
-    print("kafka: resolving broker jars from Maven Central ...", flush=True)
+    print(f"kafka: resolving broker jars ({version}) from Maven Central ...", flush=True)
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        raise BrokerError(f"mvn could not resolve the Kafka broker:\n{result.stdout}{result.stderr}")
+        raise BrokerError(f"mvn could not resolve Kafka {version}:\n{result.stdout}{result.stderr}")
     marker.write_text("ok\n")
-    return JARS
+    return jars
 
 
-def _java(main: str, *args: str, log4j: Path, jvm_flags: Sequence[str] = ()) -> list[str]:
+def _java(main: str, *args: str, log4j: Path, jvm_flags: Sequence[str] = (), jars: Path = JARS) -> list[str]:
     return [
         "java", "-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-Djava.awt.headless=true",
         f"-Dlog4j2.configurationFile={log4j}", *jvm_flags,
-        "-cp", str(JARS / "*"), main, *args,
+        "-cp", str(jars / "*"), main, *args,
     ]
 
 
@@ -316,7 +333,8 @@ def _refuse_taken(ports: list[int], hint: str) -> None:
                               f"stop it or choose another port with {hint}")
 
 
-def _configure(workdir: Path, properties: str, cluster_id: str, extra_format_args: list[str] = ()) -> None:
+def _configure(workdir: Path, properties: str, cluster_id: str, extra_format_args: Sequence[str] = (),
+               jars: Path = JARS) -> None:
     """Writes a node's server.properties and log4j settings; formats its log dir once."""
     workdir.mkdir(parents=True, exist_ok=True)
     props = workdir / "server.properties"
@@ -327,7 +345,7 @@ def _configure(workdir: Path, properties: str, cluster_id: str, extra_format_arg
         return
     fmt = subprocess.run(
         _java("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(props),
-              "--ignore-formatted", *extra_format_args, log4j=log4j),
+              "--ignore-formatted", *extra_format_args, log4j=log4j, jars=jars),
         capture_output=True, text=True, check=False,
     )
     if fmt.returncode != 0:
@@ -337,7 +355,7 @@ def _configure(workdir: Path, properties: str, cluster_id: str, extra_format_arg
 class _Starting:
     """A node's JVM, launched; :meth:`wait` returns once the node says it started."""
 
-    def __init__(self, workdir: Path, port: int, jvm_flags: Sequence[str] = ()) -> None:
+    def __init__(self, workdir: Path, port: int, jvm_flags: Sequence[str] = (), jars: Path = JARS) -> None:
         self.workdir, self.port = workdir, port
         self.server_log = workdir / "server.log"
         # The log is appended across restarts: only what this start writes counts.
@@ -345,7 +363,7 @@ class _Starting:
         with open(workdir / "stdout.log", "ab") as out:
             self.proc = subprocess.Popen(
                 _java("kafka.Kafka", str(workdir / "server.properties"), log4j=workdir / "log4j2.properties",
-                      jvm_flags=jvm_flags),
+                      jvm_flags=jvm_flags, jars=jars),
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,  # outlives the caller (make kafka-up) until kafka-down
             )
@@ -369,14 +387,20 @@ class _Starting:
             time.sleep(0.3)
 
 
-def up(port: int = DEFAULT_PORT, workdir: Path | None = None, wait_s: float = 120.0, *, secured: bool = False) -> str:
+def up(port: int = DEFAULT_PORT, workdir: Path | None = None, wait_s: float = 120.0, *, secured: bool = False,
+       version: str | None = None) -> str:
     """Starts the broker unless it already runs; returns its bootstrap servers string.
 
     ``secured=True``: SASL_SSL with ACLs (``SECURED_PROPERTIES``), on port, port+1 and port+2; the
     PKI is in ``pki_dir(workdir)``, the OAuth signing key and JWKS in ``oidc_dir(workdir)``. A log dir
-    keeps the mode it was formatted in.
+    keeps the mode it was formatted in, and the Kafka version (:func:`version_of`) that formatted it.
     """
     workdir = Path(workdir or CACHE / "kafka" / str(port))
+    version = version_of(version)
+    version_file = workdir / "kafka-version"
+    if version_file.exists() and version_file.read_text().strip() != version:
+        raise BrokerError(f"{workdir} holds a Kafka {version_file.read_text().strip()} broker, not {version}; "
+                          "use another --dir")
     bootstrap = f"127.0.0.1:{port}"
     mode = "secured" if secured else "plaintext"
     mode_file = workdir / "mode"
@@ -389,14 +413,15 @@ def up(port: int = DEFAULT_PORT, workdir: Path | None = None, wait_s: float = 12
         return bootstrap
     _refuse_taken([port, port + 1] + ([port + 2] if secured else []),
                   "--port (LASTAGENT_KAFKA_PORT, LASTAGENT_SECURED_KAFKA_PORT)")
-    resolve_jars()
+    jars = resolve_jars(version)
     # SCRAM credentials go into the bootstrap metadata: the broker authenticates inter-broker
     # traffic with them before any client could have created them.
     scram = [a for name, password in USERS.items() for a in ("--add-scram", f"SCRAM-SHA-512=[name={name},password={password}]")]
     _configure(workdir, _server_properties(port, workdir / "data", workdir, secured), new_cluster_id(),
-               scram if secured else [])
+               scram if secured else [], jars)
     mode_file.write_text(f"{mode}\n")
-    _Starting(workdir, port, secured_jvm_flags(workdir) if secured else []).wait(time.monotonic() + wait_s)
+    version_file.write_text(f"{version}\n")
+    _Starting(workdir, port, secured_jvm_flags(workdir) if secured else [], jars).wait(time.monotonic() + wait_s)
     return bootstrap
 
 
@@ -506,6 +531,9 @@ def main(argv: list[str] | None = None) -> int:
                              f"or {DEFAULT_CLUSTER_PORT}")
     parser.add_argument("--port", type=int, default=None)
     parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument("--kafka-version", default=None,
+                        help=f"the broker's Apache Kafka version, its jars from Maven Central (default "
+                             f"LASTAGENT_KAFKA_VERSION or {DEFAULT_VERSION}; not with --cluster)")
     args = parser.parse_args(argv)
     if args.cluster:
         return _cluster_main(args)
@@ -513,9 +541,9 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.dir or CACHE / "kafka" / (f"secured-{port}" if args.secured else str(port))
     try:
         if args.command == "resolve":
-            print(f"kafka: jars in {resolve_jars()}")
+            print(f"kafka: jars in {resolve_jars(args.kafka_version)}")
         elif args.command == "up":
-            bootstrap = up(port, workdir, secured=args.secured)
+            bootstrap = up(port, workdir, secured=args.secured, version=args.kafka_version)
             print(f"kafka: broker answers at {bootstrap} (pid {_read_pid(workdir)})")
             if args.secured:
                 oidc = secured_oidc(workdir)

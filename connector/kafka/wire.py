@@ -55,6 +55,17 @@ class EndTxnResult:
         return self.error == "NONE"
 
 
+def kafka_version(api_versions: Mapping[int, tuple[int, int]]) -> str:
+    """What the broker's API versions say of its Kafka release, for an error message ("Kafka 2.8 or similar")."""
+    from kafka.protocol.broker_version_data import infer_broker_version_from_api_versions
+
+    try:
+        inferred = infer_broker_version_from_api_versions(dict(api_versions))
+    except Exception:  # an inference is only a hint: the message goes on without it
+        return "Kafka of an unknown release"
+    return "Kafka " + ".".join(str(p) for p in inferred) + " or similar"
+
+
 def _error_name(code: int) -> str:
     """Kafka's own name for an error code, e.g. ``INVALID_TXN_STATE``."""
     if code == 0:
@@ -237,16 +248,14 @@ class TransactionCoordinatorClient:
             KafkaProtocolError: the broker cannot serve an outside coordinator: it lacks
                 ListTransactions / DescribeTransactions (Kafka before 3.0) or EndTxn.
         """
-        versions = {int(k): v for k, v in self.call("asking the brokers' API versions",
-                                                     lambda admin: admin.api_versions()).items()}
+        versions, features = self.call("asking a broker's API versions and features", kafka_internals.api_versions)
         missing = [name for key, name in _NEEDED_APIS if key not in versions]
         if missing:
             raise KafkaProtocolError(
-                f"the broker at {self._config.bootstrap_servers} does not support {', '.join(missing)}: lastagent "
-                "finishes and recovers transactions from outside the producer and needs Apache Kafka 3.0 or newer")
-        features = self.call("reading the cluster's finalized features", lambda admin: admin.describe_features())
-        level = features.get("transaction.version", {}).get("finalized", (0, 0))[1]
-        return 2 if level >= 2 else 1
+                f"the broker at {self._config.bootstrap_servers} ({kafka_version(versions)}) does not support "
+                f"{', '.join(missing)}: lastagent finishes and recovers transactions from outside the producer and "
+                "needs Apache Kafka 3.0 or newer")
+        return 2 if features.get("transaction.version", (0, 0))[1] >= 2 else 1
 
     def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool,
                 admin: Any = None) -> EndTxnResult:

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from lastagent import faults
 from lastagent.errors import KafkaProtocolError, KafkaUnavailableError
+from lastagent.kafka import internals as kafka_internals
 from lastagent.kafka.branch import BranchHandle
 from lastagent.kafka.config import KafkaConfig
 from lastagent.kafka.retry import RETRIABLE_NAMES, is_retriable
@@ -73,10 +74,9 @@ class OpenTransaction:
 
 def _ongoing(described: Mapping[str, Any]) -> list[OpenTransaction]:
     """The open (``Ongoing``) transactions of a DescribeTransactions answer, by id."""
-    return [OpenTransaction(tid, desc.producer_id, desc.producer_epoch, desc.state.value,
-                            desc.transaction_start_time_ms, desc.transaction_timeout_ms,
-                            tuple(sorted((tp.topic, tp.partition) for tp in desc.topic_partitions)))
-            for tid, desc in sorted(described.items()) if desc.state.value == "Ongoing"]
+    return [OpenTransaction(tid, desc.producer_id, desc.producer_epoch, desc.state,
+                            desc.transaction_start_time_ms, desc.transaction_timeout_ms, desc.topic_partitions)
+            for tid, desc in sorted(described.items()) if desc.state == "Ongoing"]
 
 
 class XAResource(Protocol):
@@ -235,7 +235,7 @@ class KafkaXAResource:
     def _describe(self, transactional_ids: Sequence[str], what: str) -> dict[str, Any]:
         """The broker's DescribeTransactions answer for the ids, retried through broker loss."""
         ids = list(transactional_ids)
-        return self._wire.call(what, lambda admin: admin.describe_transactions(ids))
+        return self._wire.call(what, lambda admin: kafka_internals.describe_transactions(admin, ids))
 
     def _explain_gone(self, handle: BranchHandle, commit: bool, error: str) -> EndResult:
         """The handle no longer names the open transaction: find out how it ended.
@@ -247,7 +247,7 @@ class KafkaXAResource:
         try:
             desc = self._describe([handle.transactional_id], f"how branch {handle.transactional_id} ended")[
                 handle.transactional_id]
-            state, pid, epoch = desc.state.value, desc.producer_id, desc.producer_epoch
+            state, pid, epoch = desc.state, desc.producer_id, desc.producer_epoch
         except KafkaProtocolError as exc:
             if exc.error != "TRANSACTIONAL_ID_NOT_FOUND":
                 raise
@@ -295,7 +295,7 @@ class KafkaXAResource:
         """
         desc = self._describe([handle.transactional_id], f"how branch {handle.transactional_id} ended")[
             handle.transactional_id]
-        return self._ended_as(handle, desc.state.value, desc.producer_id, desc.producer_epoch)
+        return self._ended_as(handle, desc.state, desc.producer_id, desc.producer_epoch)
 
     def end_all(self, handles: Iterable[BranchHandle], commit: bool, parallelism: int = 8) -> list[EndResult]:
         """Ends many branches in parallel (phase 2), results in the order given."""
@@ -365,9 +365,8 @@ class KafkaXAResource:
     def _listed(self, prefix: str, states: Sequence[str] = ()) -> list[str]:
         """The transactional ids with the prefix that every broker lists (in the given states)."""
         listed = self._wire.call(f"listing the transactions of '{prefix}*' on every broker",
-                                 lambda admin: admin.list_transactions(state_filters=list(states) or None))
-        return sorted({t.transactional_id for rows in listed.values() for t in rows
-                       if t.transactional_id.startswith(prefix)})
+                                 lambda admin: kafka_internals.list_transactions(admin, list(states)))
+        return sorted({tid for tid, _ in listed if tid.startswith(prefix)})
 
     def _require_describe(self, prefix: str) -> None:
         """Fails unless the principal may describe the prefix's transactional ids.
