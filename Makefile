@@ -188,13 +188,16 @@ SPARK_VERSIONS ?=
 test-spark-versions: setup $(TEST_JVM)
 	LASTAGENT_SPARK_VERSIONS="$(SPARK_VERSIONS)" $(PYTEST) tests/spark_versions --durations=10
 
-# Every Kafka broker release users run (3.9.1 with transaction protocol 1; 4.0.1, 4.2.1 and the newest, 4.4.0, with
-# protocol 2): each a single KRaft broker of that release (dev/kafka_broker.py --kafka-version, jars from Maven
+# Every Kafka broker release users run (3.9.1 with transaction protocol 1; 4.0.1, 4.2.1, 4.3.1 and the newest, 4.4.0,
+# with protocol 2): each a single KRaft broker of that release (dev/kafka_broker.py --kafka-version, jars from Maven
 # Central), every link and the epoch block in one driver SIGKILLed and restarted, and a transactional id run past the
-# producer-epoch limit (tests/kafka_versions). KAFKA_VERSIONS="3.9.1 4.4.0" runs those only.
+# producer-epoch limit (tests/kafka_versions; about 3 minutes a version). KAFKA_VERSIONS="3.9.1 4.4.0" runs those
+# only; KAFKA_VERSIONS_TESTS=every_link the links and the block only (.ci/run, on the oldest and the newest).
 KAFKA_VERSIONS ?=
+KAFKA_VERSIONS_TESTS ?=
 test-kafka-versions: setup $(TEST_JVM)
-	LASTAGENT_KAFKA_VERSIONS="$(KAFKA_VERSIONS)" $(PYTEST) tests/kafka_versions --durations=10
+	LASTAGENT_KAFKA_VERSIONS="$(KAFKA_VERSIONS)" $(PYTEST) tests/kafka_versions --durations=10 \
+	  $(if $(KAFKA_VERSIONS_TESTS),-k "$(KAFKA_VERSIONS_TESTS)")
 
 # A Spark standalone cluster (master + two workers on 127.0.0.1): the three links, a driver and a worker killed.
 test-cluster: setup $(TEST_JVM)

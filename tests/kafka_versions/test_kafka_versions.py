@@ -1,6 +1,7 @@
 """Every Kafka broker users run: 3.9 (transaction protocol 1) to the newest 4.x (protocol 2, KIP-890).
 
-On each version (``make test-kafka-versions``; KAFKA_VERSIONS="3.9.1 4.4.0" runs those only), a single KRaft
+On each version, 3.9.1, 4.0.1, 4.2.1, 4.3.1 and 4.4.0 (``make test-kafka-versions``; KAFKA_VERSIONS="3.9.1 4.4.0"
+runs those only; .ci/run runs part 1 on the oldest and the newest), a single KRaft
 broker of that release, its jars resolved from Maven Central by ``dev/kafka_broker.py --kafka-version``:
 
 1. every link and the epoch block as four queries of one application (``python -m lastagent.examples
@@ -34,8 +35,8 @@ from lastagent.kafka.xa import KafkaXAResource
 
 pytestmark = pytest.mark.kafka_versions
 
-#: The oldest 3.x users still run (protocol 1), 4.0 (the first without ZooKeeper), 4.2, and the newest release.
-VERSIONS = ["3.9.1", "4.0.1", "4.2.1", "4.4.0"]
+#: The oldest 3.x users still run (protocol 1), 4.0 (the first without ZooKeeper), 4.2, 4.3 and the newest release.
+VERSIONS = ["3.9.1", "4.0.1", "4.2.1", "4.3.1", "4.4.0"]
 _ONLY = os.environ.get("LASTAGENT_KAFKA_VERSIONS", "").split()
 ROWS, POISON, PER_TRIGGER = 200, {41, 152}, "50"
 KEYS, CHANGES = 20, 200
