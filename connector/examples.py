@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -346,8 +347,10 @@ def plain_appends(spark: Any, bootstrap: str, source: str, table: str, checkpoin
                   per_trigger: str = "40") -> Any:
     """Kafka change records appended to ``table`` by a plain ``foreachBatch`` (no lastagent) through the driver's
     global session, as many notebooks write; at least once, as Spark's own ``foreachBatch`` is. The started query."""
+    query = uuid.uuid4().hex[:8]  # global temp views are the driver's: one name per query and batch
+
     def append(batch: Any, epoch_id: int) -> None:
-        view = f"plain_batch_{epoch_id}"
+        view = f"plain_{query}_{epoch_id}"
         batch.createOrReplaceGlobalTempView(view)
         try:
             spark.sql(f"INSERT INTO delta.`{table}` SELECT id, amount FROM global_temp.{view}")

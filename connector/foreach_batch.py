@@ -29,7 +29,7 @@ import threading
 import urllib.parse
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lastagent import faults
@@ -41,6 +41,7 @@ from lastagent.errors import BlockWriteError, EpochNotDecidedError, OptionError,
 from lastagent.kafka.branch import BranchHandle
 from lastagent.kafka.config import KafkaConfig
 from lastagent.sinks.kafka_rows import SinkColumns, check_schema
+from lastagent.sinks.kafka_sink_options import SINK_OPTIONS
 from lastagent.storage import StorageConfig
 
 if TYPE_CHECKING:
@@ -132,7 +133,7 @@ class BlockOptions(xid.LinkIds):
     client_config: KafkaConfig
     transaction_timeout_ms: int
     storage: StorageConfig
-    phase2_parallelism: int = 8  # the sinks' default phase2Parallelism
+    phase2_parallelism: int = field(default_factory=lambda: SINK_OPTIONS.integer_value({}, "phase2Parallelism"))
 
 
 @dataclass(frozen=True)
@@ -392,7 +393,8 @@ class Epoch:
             faults.point("after_arbitration")  # the body's Delta write (the decision) is behind us
             prepared = {protocol.Branch.of(h): h for h in self.prepared}
             decided_here = False
-            stray = None if exc is not None else self._stray_writes()
+            dt = self._delta()  # one read of the table for the stray check and the record
+            stray = None if exc is not None else self._stray_writes(dt)
             committer = self._run_committer()  # the block's one Kafka client, closed below
             assert committer.xa is not None
             while True:
@@ -401,10 +403,11 @@ class Epoch:
                         <= self.generation]
                 handles = {**{protocol.Branch.of(t): t.handle() for t in mine}, **prepared}
                 out = be.leave(self.link, self.entry, self.generation, list(prepared), list(handles),
-                               self._record(self._history(self._delta())), exc is not None, decided_here, stray)
+                               self._record(self._history(dt)), exc is not None, decided_here, stray)
                 if isinstance(out, be.DecideByEmptyCommit):
                     self._empty_append_with_confs()
                     decided_here = True
+                    dt = self._delta()  # read again: the decision just committed
                     continue
                 break
             # A recorded branch no longer open (committed already) is ended by its record's ids: the broker says so.
@@ -430,10 +433,9 @@ class Epoch:
         if self._failed is not None and exc is None:
             raise self._failed
 
-    def _stray_writes(self) -> str | None:
+    def _stray_writes(self, dt: Any) -> str | None:
         """Why the body's commits cannot stand as the block's decision, or None: reads every commit of the table
-        since the block began (:func:`lastagent.core.batch_epoch.stray_writes`). Driver."""
-        dt = self._delta()
+        (``dt``, read after the body) since the block began (:func:`lastagent.core.batch_epoch.stray_writes`). Driver."""
         stray = be.stray_writes(BatchEpochTable.commits_since(dt, self._entered_version))
         if not stray:
             return None

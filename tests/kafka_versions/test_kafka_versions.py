@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -128,19 +129,35 @@ def _init_producer_id(admin, tid: str, producer_id: int, epoch: int) -> tuple[in
 
     r = internals.send_to_transaction_coordinator(admin, tid, InitProducerIdRequest(
         transactional_id=tid, transaction_timeout_ms=60_000, producer_id=producer_id, producer_epoch=epoch))
-    assert r.error_code == 0, f"InitProducerId for {tid}: error {r.error_code}"
+    if r.error_code:
+        from kafka import errors as kafka_errors
+
+        raise kafka_errors.for_code(r.error_code)(f"InitProducerId for {tid}")
     return r.producer_id, r.producer_epoch
 
 
 def _drive(bootstrap: str, tid: str, to_epoch: int) -> int:
     """Bumps ``tid``'s producer epoch to ``to_epoch`` with InitProducerId (each call fences the last); its producer id."""
+    from kafka import errors as kafka_errors
     from kafka.admin import KafkaAdminClient
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
-        pid, epoch = _init_producer_id(admin, tid, -1, -1)
-        while epoch < to_epoch:  # bounded: every call moves the epoch up by one
+        # A new broker makes its transaction log at the first FindCoordinator: retried while it comes up (bounded).
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                pid, epoch = _init_producer_id(admin, tid, -1, -1)
+                break
+            except kafka_errors.KafkaError as exc:
+                if not exc.retriable or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        for _ in range(to_epoch):  # every call moves the epoch up by one, so this many are enough
+            if epoch >= to_epoch:
+                return pid
             pid, epoch = _init_producer_id(admin, tid, pid, epoch)
+        assert epoch >= to_epoch, f"{tid}: producer epoch {epoch} after {to_epoch} InitProducerId calls"
         return pid
     finally:
         admin.close()
