@@ -6,6 +6,7 @@ module raises from it; the ones users catch most are exported from :mod:`lastage
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -173,6 +174,19 @@ class UnsupportedTableFeatureError(LastAgentError):
 
 class NotStartedError(LastAgentError):
     """A task got a writer whose query start (claim and recovery) never ran: nothing is written."""
+
+
+class QueryStartError(LastAgentError, pickle.PicklingError):
+    """A sink's query start (checks, claim, recovery) failed; the message is the cause's type and message.
+
+    The start runs while pyspark pickles the writer for the tasks, and pyspark's pickler turns every error
+    but a ``pickle.PickleError`` into ``PicklingError: Could not serialize object``. So the start's failure
+    travels as this class, which is both, and the user reads what failed; the cause is chained.
+    """
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"the query could not start: {type(cause).__name__}: {cause}")
+        self.cause = cause
 
 
 class SchemaMismatchError(LastAgentError):

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lastagent.errors import LastAgentError, NotStartedError
+from lastagent.errors import LastAgentError, NotStartedError, QueryStartError
 
 BATCH_ID_PROPERTY = "streaming.sql.batchId"  # set by Spark's MicroBatchExecution on every task
 RUN_ID_PROPERTY = "spark.jobGroup.id"  # the run id: MicroBatchExecution's job group for every batch
@@ -96,7 +96,10 @@ class StartsWhenShipped:
 
     def __getstate__(self) -> dict[str, Any]:
         if self.started is None:
-            self.started = self.start()
+            try:
+                self.started = self.start()
+            except Exception as exc:  # pyspark's pickler would hide it as "Could not serialize object"
+                raise QueryStartError(exc) from exc
         return self.__dict__
 
 

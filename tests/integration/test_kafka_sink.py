@@ -162,8 +162,11 @@ def test_every_row_once_with_spark_settings_users_have(conf, spark, tmp_path, ka
 def test_missing_topic_is_refused_at_start_naming_the_option(spark, source, tmp_path, kafka_bootstrap):
     """The test broker does not create topics on first write: a missing topic is a start-time error."""
     missing = f"absent-{uuid.uuid4().hex[:8]}"
-    with pytest.raises(Exception, match=f"option 'topic': topic\\(s\\) {missing} do not exist"):
+    with pytest.raises(Exception, match=f"option 'topic': topic\\(s\\) {missing} do not exist") as refused:
         _query(spark, source, tmp_path, kafka_bootstrap, missing).awaitTermination()
+    # Spark's error ends with lastagent's, not with pyspark's "Could not serialize object" (issue 52)
+    assert "QueryStartError: the query could not start: OptionError: option 'topic'" in str(refused.value)
+    assert "Could not serialize" not in str(refused.value)
     assert not (tmp_path / "arb").exists()  # refused before the link was claimed: nothing written
 
 

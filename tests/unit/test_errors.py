@@ -79,3 +79,25 @@ def test_the_core_imports_nothing_of_the_sinks_and_its_port_no_delta_library():
              if m.startswith(("lastagent.sinks", "lastagent.sources", "pyspark"))
              or (m.startswith(("lastagent.delta", "deltalake")) and p.name != "committer.py")}
     assert not wrong, f"core imports what it must not: {sorted(wrong)}"
+
+
+def test_a_failed_query_start_reaches_the_user_as_itself_through_pysparks_pickler():
+    """The sinks start while pyspark pickles the writer; pyspark's pickler turns any other error into
+    "Could not serialize object", which hid the broker-version refusal (and a kafka-python ValueError) of issue 52."""
+    from pyspark.serializers import CloudPickleSerializer
+
+    from lastagent.sinks.query_run import StartsWhenShipped
+
+    class Refusing(StartsWhenShipped):
+        def __init__(self, error: Exception) -> None:
+            self.error = error
+
+        def start(self):
+            raise self.error
+
+    for error in (errors.KafkaProtocolError("the broker at b:9092 (Kafka 2.8 or similar) does not support EndTxn"),
+                  ValueError("93 is not a valid ApiKey")):
+        with pytest.raises(errors.QueryStartError) as raised:
+            CloudPickleSerializer().dumps(Refusing(error))
+        assert str(raised.value) == f"the query could not start: {type(error).__name__}: {error}"
+        assert raised.value.__cause__ is error and "serialize" not in str(raised.value)
