@@ -41,6 +41,7 @@ from lastagent.delta.table_properties import (
     delta_ownership,
     until_committed,
 )
+from lastagent.delta.upkeep import TableUpkeep
 from lastagent.errors import ArbitrationError, LinkMismatchError
 from lastagent.storage import StorageConfig, location
 
@@ -99,6 +100,14 @@ class DeltaArbitrationStore:
         self._storage = self._config.delta_options(self._where)
         self._latest = LatestTable(self._where.uri, self._storage)
         self._plain_at: int | None = None  # the table version whose features were last checked
+
+    def _keep(self, table: Any, version: int) -> None:
+        """Checkpoints and cleanups after a commit at ``version`` on ``table`` as read (:mod:`lastagent.delta.upkeep`):
+        the table's files stay bounded by its retention, not by the link's age."""
+        metadata = table.metadata()
+        TableUpkeep(self._config.filesystem(self._where), self._where.path, self._where.uri, self._storage,
+                    f"arbitration table {self.path}", vacuum=True).after_commit(
+            version, metadata.id, metadata.configuration, table.protocol().writer_features)
 
     def _table(self) -> Any:  # a deltalake DeltaTable, or None
         from deltalake.exceptions import TableNotFoundError
@@ -199,7 +208,8 @@ class DeltaArbitrationStore:
             )
 
     def claim(self, link: str, owner: str, *, takeover: bool = False, run: str = "") -> Ownership:
-        return claim_on_delta(self._ensure_table, f"arbitration table {self.path}", link, owner, takeover, run)
+        return claim_on_delta(self._ensure_table, f"arbitration table {self.path}", link, owner, takeover, run,
+                              kept=self._keep)
 
     def ownership(self, link: str) -> Ownership | None:
         table = self._table()
@@ -235,13 +245,14 @@ class DeltaArbitrationStore:
             filesystem, root = self._config.filesystem(self._where), self._where.path
             add = write_table_file(filesystem, root, self._arrow([record]))
             try:
-                delta_kernel.commit_actions(table.table_uri, self._storage, table.version(), table.metadata().id, info,
-                                            delta_kernel.append_actions([add], record.link, record.epoch,
-                                                                        record.decided_at_ms), what)
+                version = delta_kernel.commit_actions(
+                    table.table_uri, self._storage, table.version(), table.metadata().id, info,
+                    delta_kernel.append_actions([add], record.link, record.epoch, record.decided_at_ms), what)
             except (LostRace, ArbitrationError):
                 with contextlib.suppress(FileNotFoundError):
                     filesystem.delete_file(f"{root}/{add['path']}")  # referenced by no commit
                 raise
+            self._keep(table, version)
             return Decision(record, won=True)
 
         return until_committed(attempt, what, self.path)
@@ -297,7 +308,7 @@ class DeltaArbitrationStore:
             if add is not None:
                 actions.append({"add": kernel_add(add)})
             try:
-                delta_kernel.commit_actions(
+                version = delta_kernel.commit_actions(
                     table.table_uri, self._storage, table.version(), table.metadata().id,
                     {"operation": "DELETE", "isBlindAppend": False, "operationParameters": {
                         "predicate": json.dumps([f"link = '{link}' AND epoch <= {limit}"])}},
@@ -307,6 +318,7 @@ class DeltaArbitrationStore:
                     with contextlib.suppress(FileNotFoundError):
                         filesystem.delete_file(f"{root}/{add['path']}")
                 raise
+            self._keep(table, version)
 
         until_committed(attempt, f"the cleanup of link {link!r}", self.path)
         return len(doomed)
@@ -323,7 +335,7 @@ class DeltaArbitrationStore:
         return accepted_lost_on_delta(self._table(), link)
 
     def accept_lost(self, link: str, epoch: int) -> None:
-        accept_lost_on_delta(self._ensure_table, f"arbitration table {self.path}", link, epoch)
+        accept_lost_on_delta(self._ensure_table, f"arbitration table {self.path}", link, epoch, kept=self._keep)
 
     def size(self) -> tuple[int, int]:
         """(rows, data files) of the table, for ``lastagent status``."""

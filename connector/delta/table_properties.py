@@ -66,8 +66,13 @@ def until_committed(attempt: Callable[[], _T], what: str, where: str) -> _T:
     raise ArbitrationError(f"{what}: too many concurrent commits to {where} ({COMMIT_TRIES} tries)")
 
 
+#: What keeps a table after a commit (``(table as read, version committed)``): :class:`lastagent.delta.upkeep.TableUpkeep`.
+Kept = Callable[[Any, int], None]
+
+
 def alter_properties(open_table: Callable[[], Any], where: str, what: str,
-                     properties_of: Callable[[Any], dict[str, str] | None]) -> dict[str, str] | None:
+                     properties_of: Callable[[Any], dict[str, str] | None], kept: Kept | None = None
+                     ) -> dict[str, str] | None:
     """Sets Delta table properties worked out from the table's newest version. Driver side.
 
     A property change is a metadata commit, which Delta refuses when another commit raced it: then
@@ -79,6 +84,7 @@ def alter_properties(open_table: Callable[[], Any], where: str, what: str,
         what: what the properties record, for messages (e.g. "the owner of link 'x'").
         properties_of: the properties to set, from the table as read; None when nothing is to be
             set; it may raise to refuse.
+        kept: called after the commit with the table as read and the version committed (checkpoints, cleanups).
 
     Returns:
         The properties set, or None when ``properties_of`` said nothing was to be set.
@@ -97,21 +103,25 @@ def alter_properties(open_table: Callable[[], Any], where: str, what: str,
         # table-features protocol with it (a reader-version-3 table gains variantType, which older readers
         # refuse), and cannot commit to a table with in-commit timestamps at all. This commit is the table's
         # metaData with these keys set and nothing else; a race re-reads (until_committed).
-        delta_kernel.set_properties(table.table_uri, table._storage_options, table.version(), table.metadata().id,
-                                    properties, what)
+        version = delta_kernel.set_properties(table.table_uri, table._storage_options, table.version(),
+                                              table.metadata().id, properties, what)
+        if kept is not None:
+            kept(table, version)
         return properties
 
     return until_committed(attempt, f"recording {what}", where)
 
 
-def accept_lost_on_delta(open_table: Callable[[], Any], where: str, link: str, epoch: int) -> None:
+def accept_lost_on_delta(open_table: Callable[[], Any], where: str, link: str, epoch: int,
+                         kept: Kept | None = None) -> None:
     """Adds ``epoch`` to the table's ``lostAccepted`` property (a metadata commit, re-read on a race)."""
     alter_properties(open_table, where, f"the accepted loss of link {link!r} epoch {epoch}", lambda table: {
-        lost_key(link): ",".join(map(str, sorted(accepted_lost_on_delta(table, link) | {epoch})))})
+        lost_key(link): ",".join(map(str, sorted(accepted_lost_on_delta(table, link) | {epoch})))}, kept)
 
 
 def claim_on_delta(open_table: Callable[[], Any], where: str, link: str, owner: str, takeover: bool,
-                   run: str = "", base: Callable[[], Ownership | None] | None = None) -> Ownership:
+                   run: str = "", base: Callable[[], Ownership | None] | None = None,
+                   kept: Kept | None = None) -> Ownership:
     """Claims the next generation in a Delta table's properties, unless ``run`` holds it already.
 
     A property change is a metadata commit: Delta refuses any commit (a decision, another claim)
@@ -132,7 +142,7 @@ def claim_on_delta(open_table: Callable[[], Any], where: str, link: str, owner: 
         claimed[:] = [stands]
         return None if after is None else ownership_properties(link, after)
 
-    changed = alter_properties(open_table, where, f"the owner of link {link!r}", claim)
+    changed = alter_properties(open_table, where, f"the owner of link {link!r}", claim, kept)
     ownership = claimed[0]
     if changed is not None:
         log.info("link %s: generation %d claimed by %s (run %s) in %s", link, ownership.generation, ownership.owner,

@@ -49,13 +49,11 @@ from lastagent.delta.table_properties import (
     delta_ownership,
     until_committed,
 )
+from lastagent.delta.upkeep import TableUpkeep
 from lastagent.errors import SchemaMismatchError, TableChangedError, UnsupportedTableFeatureError
 from lastagent.storage import Location, StorageConfig, location
 
 log = logging.getLogger("lastagent.delta")
-
-#: Spark's default ``delta.checkpointInterval``.
-SPARK_CHECKPOINT_INTERVAL = 10
 
 #: Commits read back from the table's history in the first look for a link's record; the look
 #: widens (doubling) until the record or the table's first retained commit is reached.
@@ -228,7 +226,7 @@ class TargetTableStore:
             self._create_empty()
         pre = self._pre_table(link)
         return claim_on_delta(self._claimable, f"Delta table {self.path}", link, owner, takeover, run,
-                              base=None if pre is None else (lambda: pre.ownership(link)))
+                              base=None if pre is None else (lambda: pre.ownership(link)), kept=self._keep)
 
     def _pre_table(self, link: str) -> DeltaArbitrationStore | None:
         """Where a run claims the link while the target table does not exist and its schema is unknown.
@@ -264,7 +262,7 @@ class TargetTableStore:
         recorded = (ownership_properties(link, claimed) if claimed is not None
                     else {owner_key: self._owner(), gen_key: "0"})
         alter_properties(self._claimable, f"Delta table {self.path}", f"the owner of link {link!r}",
-                         lambda table: None if delta_ownership(table, link) is not None else recorded)
+                         lambda table: None if delta_ownership(table, link) is not None else recorded, self._keep)
 
     def _owner(self) -> str:
         """The query that owns the checkpoint: the owner a new table records for generation 0."""
@@ -347,38 +345,17 @@ class TargetTableStore:
             f.write(body)
         fs_.move(f"{path}.tmp", path)  # whole or not at all: a torn record must not read as "through -1"
 
-    def _checkpoint_as_spark(self, table: Any, version: int) -> None:
-        """A checkpoint at ``version`` when Spark's writer would make one there. Driver, after a decision.
-
-        Spark's writer makes one every ``delta.checkpointInterval`` versions, 10 where the table does not set it
-        (``DeltaConfigs.CHECKPOINT_INTERVAL``); delta-rs counted 100 there, so readers of a streaming table replayed
-        ten times more JSON than Spark's writer leaves them. Written by Delta Kernel, classic or V2 as the table's
-        features say. A checkpoint that fails is logged: the decision stands, only readers are slower.
-
-        After it, as Spark's writer does after a checkpoint, the log's expired entries go
-        (``delta.logRetentionDuration``, 30 days by default; not where ``delta.enableExpiredLogCleanup`` is false):
-        delta-rs's ``cleanup_metadata``, which deletes only commits older than that and older than a checkpoint, so
-        every version still kept can be read. Not on a ``v2Checkpoint`` table, whose checkpoint files delta-rs does
-        not list as checkpoints (Spark's own writes clean its log).
-        """
-        configuration = table.metadata().configuration
-        if version % int(configuration.get("delta.checkpointInterval") or SPARK_CHECKPOINT_INTERVAL):
-            return
-        try:
-            delta_kernel.checkpoint(table.table_uri, self.storage.delta_options(self._where), version,
-                                    table.metadata().id)
-        except ArbitrationError as exc:
-            log.warning("Delta table %s: checkpoint at version %d failed (readers replay the JSON log until the "
-                        "next one): %s", self.path, version, exc)
-            return
-        if configuration.get("delta.enableExpiredLogCleanup", "true").lower() == "false" or \
-                "v2Checkpoint" in (table.protocol().writer_features or ()):
-            return
-        try:
-            table.update_incremental()  # delta-rs cleans up to its own version's checkpoint: the one just written
-            table.cleanup_metadata()
-        except Exception as exc:  # delta-rs raises plain errors; the log only stays longer
-            log.warning("Delta table %s: removing expired log entries failed: %s", self.path, exc)
+    def _keep(self, table: Any, version: int, where: Any = None) -> None:
+        """Checkpoints and expired log entries after a commit at ``version`` on ``table`` as read, as Spark's writer
+        keeps the tables it commits to (:mod:`lastagent.delta.upkeep`). Driver. No data file is deleted: Spark's
+        writer never vacuums a target table, and a dead-letter file a decided epoch names waits there for its commit.
+        ``where``: the dead-letter table's location (else the target table's)."""
+        where = where or self._where
+        metadata = table.metadata()
+        name = self.path if where is self._where else str(self.dead_letter_table)
+        TableUpkeep(self.storage.filesystem(where), where.path, where.uri, self.storage.delta_options(where),
+                    f"Delta table {name}").after_commit(version, metadata.id, metadata.configuration,
+                                                        table.protocol().writer_features)
 
     def decide(self, record: ArbitrationRecord, generation: int, staged: StagedEpoch | None = None) -> Decision:
         """Commits the epoch's files, txn and record in one Delta commit, unless already decided.
@@ -458,7 +435,7 @@ class TargetTableStore:
                         - {f["name"] for f in json.loads(table.schema().to_json())["fields"]})
                     if added:
                         log.info("Delta table %s: added column(s) %s (mergeSchema)", self.path, added)
-                    self._checkpoint_as_spark(table, version)
+                    self._keep(table, version)
                 return Decision(record, won=True)
             except LostRace:
                 raise
@@ -596,9 +573,10 @@ class TargetTableStore:
                                               [*delta_kernel.new_table(schema, (), now),
                                                *delta_kernel.append_actions(adds, link, epoch, now)], what)
                 else:
-                    delta_kernel.commit_actions(table.table_uri, self.storage.delta_options(dead), table.version(),
-                                                str(table.metadata().id), info,
-                                                delta_kernel.append_actions(adds, link, epoch, now), what)
+                    version = delta_kernel.commit_actions(
+                        table.table_uri, self.storage.delta_options(dead), table.version(), str(table.metadata().id),
+                        info, delta_kernel.append_actions(adds, link, epoch, now), what)
+                    self._keep(table, version, dead)
                 log.info("link %s epoch %d: %d dead-letter file(s) committed to %s", link, epoch, len(adds),
                          self.dead_letter_table)
                 return len(adds)
@@ -711,7 +689,7 @@ class TargetTableStore:
         return accepted_lost_on_delta(self.table(), link)
 
     def accept_lost(self, link: str, epoch: int) -> None:
-        accept_lost_on_delta(self._claimable, f"Delta table {self.path}", link, epoch)
+        accept_lost_on_delta(self._claimable, f"Delta table {self.path}", link, epoch, kept=self._keep)
 
     def size(self) -> tuple[int, int]:
         """(lastagent commits in recent history, data files) for ``lastagent status``."""

@@ -262,14 +262,68 @@ def test_decisions_leave_a_checkpoint_where_sparks_writer_would(tmp_path, spark)
     latest = DeltaTable(other.path).version()
     assert checkpoints(other.path) == [v for v in range(1, latest + 1) if v % 5 == 0]
 
-    # After a checkpoint the log's expired entries go, as Spark's writer removes them (here expired at once).
+    # After a checkpoint the log's expired entries go, as Spark's writer removes them: with a retention of a day,
+    # every commit made to look three days old before the next one, the commits below the checkpoint at 10.
     brief = _target(str(tmp_path / "brief"))
     generation = brief.claim("orders", "q").generation
     assert brief.decide(_rec(0, "b"), generation).won
-    DeltaTable(brief.path).alter.set_table_properties({"delta.logRetentionDuration": "interval 0 seconds"})
+    DeltaTable(brief.path).alter.set_table_properties({"delta.logRetentionDuration": "interval 1 day"})
     for epoch in range(1, 12):
+        _age(Path(brief.path, "_delta_log"), days=3)
         assert brief.decide(_rec(epoch, "b"), generation).won
     latest = DeltaTable(brief.path).version()
     logs = sorted(int(p.name.split(".")[0]) for p in Path(brief.path, "_delta_log").glob("*.json"))
     assert checkpoints(brief.path) == [10] and logs == list(range(10, latest + 1)), logs
     assert spark.read.format("delta").load(brief.path).count() == 0 and brief.latest_epoch("orders") == 11
+
+
+def _age(directory, days: float) -> None:
+    """Makes every file in ``directory`` look ``days`` old (the cleanups go by the files' times)."""
+    import os
+    import time
+
+    then = time.time() - days * 24 * 3600
+    for path in directory.iterdir():
+        if path.is_file():
+            os.utime(path, (then, then))
+
+
+def test_the_arbitration_tables_files_stay_bounded_by_its_retention_not_by_its_age(tmp_path, spark, monkeypatch):
+    """A link's arbitration table, 120 decisions with the cleanup the committer makes (keep 5): checkpoints every
+    10 versions, the log cut below the newest checkpoint once its commits are past delta.logRetentionDuration, and
+    the rows' files the cleanups removed deleted once past delta.deletedFileRetentionDuration (here 0: at once, when
+    written over 10 minutes ago). Every file is made to look three days old before each decision, as on a link
+    that has run that long; the cutoff is not truncated to the day, so each checkpoint cleans. Spark reads the
+    table's rows and the link's txn version at the end, and every kept decision is still read back."""
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+
+    monkeypatch.setenv("LASTAGENT_DELTA_LOG_CUTOFF", "none")
+    store = DeltaArbitrationStore(str(tmp_path / "arb"))
+    generation = store.claim("orders", "q").generation
+    DeltaTable(store.path).alter.set_table_properties({"delta.logRetentionDuration": "interval 1 day",
+                                                      "delta.deletedFileRetentionDuration": "interval 0 seconds"})
+    root, log_dir = Path(store.path), Path(store.path, "_delta_log")
+    for epoch in range(120):
+        _age(root, days=3)
+        _age(log_dir, days=3)
+        assert store.decide(_rec(epoch, "b", confirmed=epoch - 1), generation).won
+        if epoch % 10 == 9:
+            store.cleanup("orders", retain_epochs=5)
+    latest = DeltaTable(store.path).version()
+    json_versions = sorted(int(p.name[:20]) for p in log_dir.glob("*.json"))
+    kept_checkpoints = sorted(int(p.name[:20]) for p in log_dir.glob("*.checkpoint*.parquet"))
+    assert latest > 130 and len(kept_checkpoints) == 1 and json_versions == list(range(kept_checkpoints[0], latest + 1))
+    assert len(json_versions) <= 10
+    referenced = {Path(u).name for u in DeltaTable(store.path).file_uris()}
+    on_disk = {p.name for p in root.glob("*.parquet")}
+    # The cleanup's tombstones of the last 10 versions may still hold a file or two; never the 120 decisions' files.
+    assert referenced <= on_disk and len(on_disk - referenced) <= 12, sorted(on_disk - referenced)
+    rows = spark.read.format("delta").load(store.path)
+    assert sorted(r.epoch for r in rows.collect()) == [r.epoch for r in store.records("orders")]
+    assert store.latest_epoch("orders") == 119 and store.get("orders", 119).branches == ("b",)
+    assert {r.epoch for r in store.records("orders")} >= set(range(114, 120))
+    checkpoint = pq.read_table(log_dir / next(log_dir.glob("*.checkpoint*.parquet")).name)
+    assert "txn" in checkpoint.column_names  # the link's txn version lives on in the checkpoint
