@@ -32,7 +32,7 @@ export LASTAGENT_WHEEL_TOOLS := $(WHEEL_TOOLS)
 export LASTAGENT_CARGO_TARGET_DIR ?= $(LASTAGENT_CACHE)/wheel-target
 NO_CARGO    := echo "setup: cargo not found: lastagent's Kafka path (native/) is Rust; install a toolchain with rustup (https://rustup.rs)"
 
-.PHONY: setup wheels aarch64-python run test check test-unit test-integration test-chaos test-chaos-full test-wheel test-spark-versions test-kafka-versions test-cluster test-kafka-cluster test-connect test-notebook test-soak soak lint kafka-up kafka-down kafka-up-secured kafka-down-secured kafka-up-cluster kafka-down-cluster s3-up s3-down bench clean docs
+.PHONY: setup wheels aarch64-python run test check test-unit test-integration test-chaos test-chaos-full test-wheel test-spark-versions test-kafka-versions test-cluster test-kafka-cluster test-connect test-notebook test-soak soak bench-long-run lint kafka-up kafka-down kafka-up-secured kafka-down-secured kafka-up-cluster kafka-down-cluster s3-up s3-down bench clean docs
 
 setup: $(VENV)/.installed .cache/kafka/jars/.complete .cache/spark/jars/.complete .cache/s3/jars/.complete \
        .cache/spark/s3a-jars/.complete
@@ -226,6 +226,11 @@ SEED  ?= 7301
 SOAK_ARGS ?=
 soak: setup kafka-up
 	$(PYTHON) dev/soak.py --kills $(KILLS) --seed $(SEED) --report .cache/soak-$(SEED).json --workdir .cache/soak $(SOAK_ARGS)
+
+# A link's age (issue "a year of epochs"): a Kafka -> Kafka link for BENCH_EPOCHS epochs (default 20,000, about two
+# hours here), the first and last 1,000 epochs' times, restarts, files on disk (docs/benchmarks.md).
+bench-long-run: setup kafka-up
+	cd bench && ../$(PYTHON) long_run.py | tee ../.cache/bench-long-run.json
 
 bench: setup kafka-up
 	cd bench && ../$(PYTHON) source_bench.py | tee ../.cache/bench-source.json

@@ -10,10 +10,11 @@ broker of that release, its jars resolved from Maven Central by ``dev/kafka_brok
    SIGKILLed right after a decision (decided, branches open, not in Spark's commit log), then restarted to the
    end. Every record once in every output (a read_committed consumer, Spark's Delta reader), the MERGE table the
    last change per key, no transaction of any link left open;
-2. the producer-epoch limit: the transactional id a Kafka -> Kafka link's first run takes is driven to a few bumps
-   below 32,767 before the query starts (InitProducerId, as a producer's restarts would); the link then runs past
-   the limit (the coordinator gives the id a new producer id), is SIGKILLed after a decision and restarted: every
-   record once, nothing open, and the id's producer id is not the one it had.
+2. the producer-epoch limit: the transactional ids of a Kafka -> Kafka link's first two runs are driven to a few
+   bumps below 32,767 before the query starts (InitProducerId, as a producer's restarts would); the first run is
+   SIGKILLed after a decision before its id reaches the limit, the second runs past it (the coordinator gives the
+   id a new producer id) and is SIGKILLed after a decision there, then a third run goes to the end: every record
+   once, nothing open, ``lastagent status`` clean, and the second run's id has a new producer id.
 """
 
 from __future__ import annotations
@@ -164,33 +165,49 @@ def _drive(bootstrap: str, tid: str, to_epoch: int) -> int:
 
 
 def test_a_transactional_id_past_the_producer_epoch_limit(broker, tmp_path):
+    """Two runs' transactional ids (generations 1 and 2, task 0) driven to 6 bumps below the limit, in parallel;
+    the first run is SIGKILLed after its second decision, before its id crossed the limit (the restart ends that
+    branch across nothing); the second crosses it and is SIGKILLed after its 12th decision, its open branches
+    under the new producer id, so its restart ends those; a third run to the end. Every record once, nothing open,
+    `lastagent status` clean, and the second run's id has a new producer id."""
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
     from confluent_kafka import Producer
 
     version, bootstrap = broker
     source, out = _topic(bootstrap, 1), _topic(bootstrap, 1)
     producer = Producer({"bootstrap.servers": bootstrap})
-    for i in range(100):
+    for i in range(150):
         producer.produce(source, key=str(i).encode(), value=str(i).encode())
     assert producer.flush(30) == 0
     link = f"epochs-{uuid.uuid4().hex[:6]}"
-    tid = xid.transactional_id(link, 1, 0, 0)  # the first run's (generation 1) id of task 0, attempt 0
-    driven = _drive(bootstrap, tid, EPOCH_LIMIT - 6)
-    # 20 epochs of 5 records: each costs the id one or two producer-epoch bumps, so the limit falls among them.
+    ids = [xid.transactional_id(link, generation, 0, 0) for generation in (1, 2)]  # the first two runs' task 0
+    with ThreadPoolExecutor(2) as pool:
+        driven = list(pool.map(lambda tid: _drive(bootstrap, tid, EPOCH_LIMIT - 6), ids))
+    # Epochs of 5 records: each costs the id one or two producer-epoch bumps, so the limit falls among the first few.
     args = [bootstrap, source, str(tmp_path / "ckpt"), str(tmp_path / "arb"), link, out, "5"]
-    state = tmp_path / "killed"
-    code = support.run_driver("kafka-driver", args, "after_arbitration:12", state)
-    assert code == -signal.SIGKILL, f"Kafka {version}: not killed (exit {code}); see {state}.log"
+    for run, point in enumerate(("after_arbitration:1", "after_arbitration:14")):
+        state = tmp_path / f"killed-{run}"
+        code = support.run_driver("kafka-driver", args, point, state)
+        assert code == -signal.SIGKILL, f"Kafka {version}: run {run + 1} not killed (exit {code}); see {state}.log"
+        assert Path(f"{state}.fired").read_text() == "after_arbitration"
     assert support.run_driver("kafka-driver", args, None, tmp_path / "restart") == 0, \
         f"Kafka {version}: the restart failed; see {tmp_path / 'restart.log'}"
-    _once(Counter(int(k) for k, _ in read_committed(bootstrap, out, 100)), range(100), "past the epoch limit")
+    _once(Counter(int(k) for k, _ in read_committed(bootstrap, out, 150)), range(150), "past the epoch limit")
     with KafkaXAResource({"bootstrap.servers": bootstrap}) as xa:
         assert xa.recover(xid.id_prefix(link)) == []
+    status = subprocess.run([sys.executable, "-m", "lastagent.cli", "status", "--link", link, "--arbitration-table",
+                             str(tmp_path / "arb"), "--bootstrap-servers", bootstrap, "--json"],
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert status.returncode == 0 and json.loads(status.stdout)["in_doubt"] == [], status.stdout + status.stderr
     from kafka.admin import KafkaAdminClient
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
-        now = admin.describe_transactions([tid])[tid].producer_id  # asks, bumps nothing
+        now = {tid: d.producer_id for tid, d in admin.describe_transactions(ids).items()}  # asks, bumps nothing
     finally:
         admin.close()
-    assert now != driven, f"Kafka {version}: {tid} kept producer id {driven}: the run never crossed the epoch limit"
-    assert Path(f"{state}.fired").read_text() == "after_arbitration"
+    assert now[ids[1]] != driven[1], f"Kafka {version}: {ids[1]} kept producer id {driven[1]}: the second run " \
+                                     "never crossed the epoch limit"
