@@ -68,14 +68,15 @@ class LatestTable:
         from deltalake import DeltaTable
 
         table = getattr(self._local, "table", None)
-        try:
-            if table is None:
-                table = DeltaTable(self.uri, storage_options=self.storage_options)
-            else:
+        self._local.table = None
+        if table is not None:
+            try:
                 table.update_incremental()
-        except BaseException:
-            self._local.table = None
-            raise
+            except Exception:  # delta-rs raises plain errors; the commits after its version may be gone (cleanup)
+                log.debug("Delta table %s: opened again (its update failed)", self.uri, exc_info=True)
+                table = None
+        if table is None:
+            table = DeltaTable(self.uri, storage_options=self.storage_options)
         self._local.table = table
         return table
 

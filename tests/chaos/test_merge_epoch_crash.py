@@ -33,8 +33,9 @@ KEYS, CHANGES, PER_TRIGGER = 20, 120, "40"
 #: the recovery's branch commits. The last run goes to the end: it finishes the decided branches, Spark replays
 #: the decided epoch, and Delta skips its MERGE.
 SCHEDULE = ["after_prepare:2", "after_arbitration:1", "in_recovery:1", "between_branch_commits:1"]
-#: Within make test's budget; ``make test-chaos-full`` runs the whole schedule.
-SHORT_SCHEDULE = ["after_prepare:2", "after_arbitration:1", "between_branch_commits:1"]
+#: Within make test's budget; ``make test-chaos-full`` runs the whole schedule. A block killed with its branches
+#: prepared before its MERGE (after_prepare) is in make test too: tests/chaos/test_shared_driver_crash.py.
+SHORT_SCHEDULE = ["after_arbitration:1", "between_branch_commits:1"]
 
 
 def _status(bootstrap: str, table: str, link: str) -> tuple[int, dict]:
