@@ -1,6 +1,7 @@
 """A link's age: does its millionth epoch cost what its first did? A `lastagent-kafka` -> `lastagent-kafka` link
 (one input and one output partition, 5 records an epoch, `trigger(availableNow=True)` with maxOffsetsPerTrigger=5)
-for BENCH_EPOCHS epochs in one run, then a restart.
+for BENCH_EPOCHS epochs in one run, then a restart; with BENCH_LINK=kafka-delta, a `lastagent-kafka` ->
+`lastagent-delta` link the same way (its target table in the arbitration table's place).
 
 Measured, from Spark's own progress events (a StreamingQueryListener on the driver): the median epoch time
 (`batchDuration`) of the first and of the last BENCH_WINDOW epochs and their ratio; the time from `start()` to the
@@ -35,6 +36,9 @@ os.environ.setdefault("LASTAGENT_DELTA_LOG_CUTOFF", "minute")  # before Spark st
 
 from lastagent.spark_session import local_session
 
+#: "kafka-kafka" (a `lastagent-kafka` sink and its arbitration table) or "kafka-delta" (a `lastagent-delta` sink:
+#: the target table is the arbitration store; its data files grow with the rows, its log must not).
+LINK = os.environ.get("BENCH_LINK", "kafka-kafka")
 EPOCHS = int(os.environ.get("BENCH_EPOCHS", "20000"))
 WINDOW = int(os.environ.get("BENCH_WINDOW", "1000"))
 PER_EPOCH = 5
@@ -118,12 +122,17 @@ def main() -> int:
             _produce(source, run.produced, epochs * PER_EPOCH)  # type: ignore[attr-defined]
             run.produced += epochs * PER_EPOCH  # type: ignore[attr-defined]
             before = len(progress.epochs)
-            q = (spark.readStream.format("lastagent-kafka").option("kafka.bootstrap.servers", BOOTSTRAP)
-                 .option("subscribe", source).option("startingOffsets", "earliest")
-                 .option("maxOffsetsPerTrigger", str(PER_EPOCH)).load().selectExpr("key", "value")
-                 .writeStream.format("lastagent-kafka").option("kafka.bootstrap.servers", BOOTSTRAP)
-                 .option("topic", target).option("link", link).option("arbitrationTable", str(arb))
-                 .option("checkpointLocation", str(ckpt)).trigger(availableNow=True))
+            rows = (spark.readStream.format("lastagent-kafka").option("kafka.bootstrap.servers", BOOTSTRAP)
+                    .option("subscribe", source).option("startingOffsets", "earliest")
+                    .option("maxOffsetsPerTrigger", str(PER_EPOCH)).load())
+            if LINK == "kafka-delta":
+                q = (rows.selectExpr("CAST(key AS STRING) AS key", "value").writeStream.format("lastagent-delta")
+                     .option("link", link).option("path", str(arb)))
+            else:
+                q = (rows.selectExpr("key", "value").writeStream.format("lastagent-kafka")
+                     .option("kafka.bootstrap.servers", BOOTSTRAP).option("topic", target).option("link", link)
+                     .option("arbitrationTable", str(arb)))
+            q = q.option("checkpointLocation", str(ckpt)).trigger(availableNow=True)
             start = time.time()
             query = q.start()
             query.awaitTermination()
@@ -145,16 +154,21 @@ def main() -> int:
         durations = [d for _, d, _ in progress.epochs]
         first = statistics.median(durations[:WINDOW])
         last = statistics.median(durations[WINDOW + EPOCHS - WINDOW:WINDOW + EPOCHS])
-        seen = _read_committed(target, total * PER_EPOCH)
+        if LINK == "kafka-delta":
+            seen = Counter(r.value for r in spark.read.format("delta").load(str(arb)).select("value").collect())
+        else:
+            seen = _read_committed(target, total * PER_EPOCH)
         once = len(seen) == total * PER_EPOCH and set(seen.values()) == {1}
     summary = {
-        "link": "lastagent-kafka -> lastagent-kafka", "epochs": len(durations), "records_per_epoch": PER_EPOCH,
+        "link": {"kafka-kafka": "lastagent-kafka -> lastagent-kafka",
+                 "kafka-delta": "lastagent-kafka -> lastagent-delta"}[LINK], "epochs": len(durations), "records_per_epoch": PER_EPOCH,
         "first_window_median_ms": first, "last_window_median_ms": last, "window": WINDOW,
         "last_over_first": round(last / first, 3),
         "restart_to_first_epoch_s": {f"after {WINDOW} epochs": round(early_restart, 2),
                                      f"after {WINDOW + EPOCHS} epochs": round(late_restart, 2)},
         "restart_ratio": round(late_restart / early_restart, 3),
-        "arbitration_table_at_end": files, "query_checkpoint_files_at_end": checkpoint_files,
+        ("arbitration_table_at_end" if LINK == "kafka-kafka" else "target_table_at_end"): files,
+        "query_checkpoint_files_at_end": checkpoint_files,
         "log_retention": LOG_RETENTION, "every_record_once": once, "records": sum(seen.values()),
     }
     json.dump(summary, sys.stdout, indent=2)

@@ -101,7 +101,7 @@ class Retention:
             value = configuration.get(key)
             return None if value is None or not str(value).strip() else str(value)
 
-        interval = get("delta.checkpointInterval")
+        interval = get("delta.checkpointInterval")  # not a number: ValueError, which after_commit logs
         log_retention = get("delta.logRetentionDuration")
         file_retention = get("delta.deletedFileRetentionDuration")
         return cls(int(interval) if interval else CHECKPOINT_INTERVAL,
@@ -227,7 +227,7 @@ class TableUpkeep:
         """
         try:
             retention = Retention.of(configuration)
-        except ArbitrationError as exc:
+        except (ArbitrationError, ValueError) as exc:  # a property Spark would refuse too; the commit stands
             log.warning("%s: not kept (checkpoints, log cleanup): %s", self.what, exc)
             return
         if version == 0 or retention.checkpoint_interval <= 0 or version % retention.checkpoint_interval:

@@ -110,3 +110,14 @@ def test_vacuum_deletes_what_no_version_within_retention_references_and_nothing_
                                                           "removed-lately.parquet": 3_000},
                                 removed_before_ms=2_000, written_before_ms=4_000)
     assert doomed == ["never-committed.parquet", "removed-long-ago.parquet"]
+
+
+def test_a_property_spark_would_refuse_leaves_the_table_unkept_and_the_commit_standing(caplog):
+    """The upkeep runs after a commit: a bad property is logged, never raised into the decision that committed."""
+    from lastagent.delta.upkeep import TableUpkeep
+
+    upkeep = TableUpkeep(filesystem=None, root="/nowhere", uri="file:///nowhere", storage={}, what="table t")
+    for bad in ({"delta.checkpointInterval": "often"}, {"delta.logRetentionDuration": "interval 1 month"}):
+        upkeep.after_commit(10, "id", bad)
+    assert [r.levelname for r in caplog.records] == ["WARNING", "WARNING"]
+    assert "delta.logRetentionDuration" in caplog.records[1].getMessage()
