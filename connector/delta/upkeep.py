@@ -28,6 +28,7 @@ fails the commit it follows: the decision stands, only the table is kept later.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -255,6 +256,10 @@ class TableUpkeep:
         except (OSError, ArbitrationError) as exc:  # the files stay until the next cleanup
             log.warning("%s: cleanup after version %d failed: %s", self.what, version, exc)
 
+    def _delete(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):  # another process cleaning the same table took it first
+            self.filesystem.delete_file(path)
+
     def _list(self, directory: str) -> list[LogFile]:
         from pyarrow import fs
 
@@ -266,7 +271,7 @@ class TableUpkeep:
         log_dir = f"{self.root}/_delta_log"
         doomed = expired_log_files(self._list(log_dir), cutoff_ms, checkpoint_version)
         for name in doomed:
-            self.filesystem.delete_file(f"{log_dir}/{name}")
+            self._delete(f"{log_dir}/{name}")
         if doomed:
             log.info("%s: removed %d log file(s) older than %s (delta.logRetentionDuration)", self.what,
                      len(doomed), time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(cutoff_ms / 1000)))
@@ -294,7 +299,7 @@ class TableUpkeep:
         doomed = unreferenced_files(self._list(self.root), referenced, tombstones, removed_before_ms,
                                     written_before_ms)
         for name in doomed:
-            self.filesystem.delete_file(f"{self.root}/{name}")
+            self._delete(f"{self.root}/{name}")
         if doomed:
             log.info("%s: deleted %d data file(s) no version within delta.deletedFileRetentionDuration references",
                      self.what, len(doomed))

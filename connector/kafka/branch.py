@@ -390,13 +390,14 @@ def describe_open(client_config: KafkaConfig | Mapping[str, str],
     Retried through broker loss within ``kafka.default.api.timeout.ms`` (the coordinator may be
     moving while the task prepares).
     """
+    from lastagent.kafka import internals as kafka_internals
+
     try:
         desc = _describer(KafkaConfig.of(client_config)).call(
             f"describing the prepared transaction {transactional_id!r}",
-            lambda admin: admin.describe_transactions([transactional_id])[transactional_id])
+            lambda admin: kafka_internals.describe_transactions(admin, [transactional_id])[transactional_id])
     except KafkaProtocolError as exc:
         raise BranchError(f"branch {transactional_id}: {exc}") from None
-    if desc.state.value != "Ongoing":
-        raise BranchError(f"branch {transactional_id}: expected an open transaction after flush, broker says {desc.state.value}")
-    partitions = tuple(sorted((tp.topic, tp.partition) for tp in desc.topic_partitions))
-    return desc.producer_id, desc.producer_epoch, partitions
+    if desc.state != "Ongoing":
+        raise BranchError(f"branch {transactional_id}: expected an open transaction after flush, broker says {desc.state}")
+    return desc.producer_id, desc.producer_epoch, tuple(sorted(desc.topic_partitions))
