@@ -106,7 +106,7 @@ class DeltaArbitrationStore:
         """Checkpoints and cleanups after a commit at ``version`` on ``table`` as read (:mod:`lastagent.delta.upkeep`):
         the table's files stay bounded by its retention, not by the link's age."""
         metadata = table.metadata()
-        TableUpkeep(self._config.filesystem(self._where), self._where.path, self._where.uri, self._storage,
+        TableUpkeep(lambda: self._config.filesystem(self._where), self._where.path, self._where.uri, self._storage,
                     f"arbitration table {self.path}", vacuum=True).after_commit(
             version, metadata.id, metadata.configuration, table.protocol().writer_features)
 

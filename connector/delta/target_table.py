@@ -353,7 +353,7 @@ class TargetTableStore:
         where = where or self._where
         metadata = table.metadata()
         name = self.path if where is self._where else str(self.dead_letter_table)
-        TableUpkeep(self.storage.filesystem(where), where.path, where.uri, self.storage.delta_options(where),
+        TableUpkeep(lambda: self.storage.filesystem(where), where.path, where.uri, self.storage.delta_options(where),
                     f"Delta table {name}").after_commit(version, metadata.id, metadata.configuration,
                                                         table.protocol().writer_features)
 

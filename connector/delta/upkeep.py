@@ -34,7 +34,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 from urllib.parse import unquote
@@ -201,7 +201,8 @@ class TableUpkeep:
     """Keeps one Delta table as Spark's writer keeps it, after each commit lastagent makes to it. Driver.
 
     Args:
-        filesystem: a pyarrow filesystem that reaches the table (:meth:`lastagent.storage.StorageConfig.filesystem`).
+        filesystem: makes a pyarrow filesystem that reaches the table (:meth:`lastagent.storage.StorageConfig.filesystem`),
+            when a cleanup first needs it.
         root: the table's root on ``filesystem``.
         uri: the table's URI, as kernel takes it.
         storage: kernel's storage options for it.
@@ -210,22 +211,36 @@ class TableUpkeep:
             at once: the arbitration table).
     """
 
-    def __init__(self, filesystem: Any, root: str, uri: str, storage: Mapping[str, str] | None, what: str,
-                 vacuum: bool = False) -> None:
-        self.filesystem = filesystem
+    def __init__(self, filesystem: Callable[[], Any], root: str, uri: str, storage: Mapping[str, str] | None,
+                 what: str, vacuum: bool = False) -> None:
+        self._filesystem = filesystem
         self.root = root.rstrip("/")
         self.uri = uri
         self.storage = dict(storage or {})
         self.what = what
         self.vacuum = vacuum
 
+    @property
+    def filesystem(self) -> Any:
+        if not hasattr(self, "_made"):
+            self._made = self._filesystem()
+        return self._made
+
     def after_commit(self, version: int, table_id: str, configuration: Mapping[str, str],
                      writer_features: Sequence[str] | None = None) -> None:
         """A checkpoint when ``version`` is a multiple of the interval, then the cleanups when their cutoff moved.
 
         ``configuration`` and ``writer_features`` are the table's as the commit read them. Never raises: what fails
-        is logged (the commit stands; only readers are slower or the files stay longer).
+        is logged (the commit it follows stands; only readers are slower or the files stay longer), so a caller's
+        commit is never reported as failed for what came after it.
         """
+        try:
+            self._after_commit(version, table_id, configuration, writer_features)
+        except Exception:  # not the commit's failure: logged with its cause, the next checkpoint tries again
+            log.warning("%s: keeping the table after version %d failed", self.what, version, exc_info=True)
+
+    def _after_commit(self, version: int, table_id: str, configuration: Mapping[str, str],
+                      writer_features: Sequence[str] | None) -> None:
         try:
             retention = Retention.of(configuration)
         except (ArbitrationError, ValueError) as exc:  # a property Spark would refuse too; the commit stands

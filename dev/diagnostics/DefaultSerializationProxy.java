@@ -4,9 +4,9 @@
 // every thread's stack, so the thread that changed the collection can be found. The JDK's extendedDebugInfo names
 // field paths only for NotSerializableException, so it cannot help here.
 //
-// Use (issue 41): javac -cp <pyspark>/jars/scala-library-2.13.*.jar -d /tmp/dbg43/classes \
+// Use (issue 41): javac -cp <pyspark>/jars/scala-library-2.13.*.jar -d <classes-dir> \
 //                   dev/diagnostics/DefaultSerializationProxy.java
-// then give the driver .config("spark.driver.extraClassPath", "/tmp/dbg43/classes") (tests/spark_versions/links.py
+// then give the driver .config("spark.driver.extraClassPath", "<classes-dir>") (tests/spark_versions/links.py
 // session()), which puts it before Spark's scala-library; the mismatch report goes to the driver's stderr.
 package scala.collection.generic;
 

@@ -116,7 +116,7 @@ def test_a_property_spark_would_refuse_leaves_the_table_unkept_and_the_commit_st
     """The upkeep runs after a commit: a bad property is logged, never raised into the decision that committed."""
     from lastagent.delta.upkeep import TableUpkeep
 
-    upkeep = TableUpkeep(filesystem=None, root="/nowhere", uri="file:///nowhere", storage={}, what="table t")
+    upkeep = TableUpkeep(filesystem=lambda: None, root="/nowhere", uri="file:///nowhere", storage={}, what="table t")
     for bad in ({"delta.checkpointInterval": "often"}, {"delta.logRetentionDuration": "interval 1 month"}):
         upkeep.after_commit(10, "id", bad)
     assert [r.levelname for r in caplog.records] == ["WARNING", "WARNING"]
