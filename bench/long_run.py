@@ -27,6 +27,7 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from common import BOOTSTRAP, new_topic
 from confluent_kafka import Consumer, Producer
@@ -36,8 +37,9 @@ os.environ.setdefault("LASTAGENT_DELTA_LOG_CUTOFF", "minute")  # before Spark st
 
 from lastagent.spark_session import local_session
 
-#: "kafka-kafka" (a `lastagent-kafka` sink and its arbitration table) or "kafka-delta" (a `lastagent-delta` sink:
-#: the target table is the arbitration store; its data files grow with the rows, its log must not).
+#: "kafka-kafka" (a `lastagent-kafka` sink and its arbitration table), "kafka-delta" (a `lastagent-delta` sink:
+#: the target table is the arbitration store; its data files grow with the rows, its log must not) or "block" (the
+#: examples' `lastagent.epoch` MERGE with an event per change: `lastagent.examples.merge_changes`).
 LINK = os.environ.get("BENCH_LINK", "kafka-kafka")
 EPOCHS = int(os.environ.get("BENCH_EPOCHS", "20000"))
 WINDOW = int(os.environ.get("BENCH_WINDOW", "1000"))
@@ -79,7 +81,9 @@ class Progress:
 def _produce(topic: str, first: int, count: int) -> None:
     p = Producer({"bootstrap.servers": BOOTSTRAP, "linger.ms": 20})
     for i in range(first, first + count):
-        p.produce(topic, value=str(i).encode(), key=str(i).encode(), partition=0)
+        # The block's changes: 20 keys, each record a new amount of one (the other links copy it as it is).
+        value = json.dumps({"id": i % 20, "amount": i}) if LINK == "block" else str(i)
+        p.produce(topic, value=value.encode(), key=str(i).encode(), partition=0)
         if i % 10_000 == 0:
             p.poll(0)
     assert p.flush(120) == 0
@@ -122,6 +126,12 @@ def main() -> int:
             _produce(source, run.produced, epochs * PER_EPOCH)  # type: ignore[attr-defined]
             run.produced += epochs * PER_EPOCH  # type: ignore[attr-defined]
             before = len(progress.epochs)
+            if LINK == "block":
+                from lastagent.examples import merge_changes
+
+                start = time.time()
+                query = merge_changes(spark, BOOTSTRAP, source, target, str(arb), str(ckpt), link, str(PER_EPOCH))
+                return _timed(query, before, epochs, start)
             rows = (spark.readStream.format("lastagent-kafka").option("kafka.bootstrap.servers", BOOTSTRAP)
                     .option("subscribe", source).option("startingOffsets", "earliest")
                     .option("maxOffsetsPerTrigger", str(PER_EPOCH)).load())
@@ -134,7 +144,9 @@ def main() -> int:
                      .option("arbitrationTable", str(arb)))
             q = q.option("checkpointLocation", str(ckpt)).trigger(availableNow=True)
             start = time.time()
-            query = q.start()
+            return _timed(q.start(), before, epochs, start)
+
+        def _timed(query: Any, before: int, epochs: int, start: float) -> tuple[float, float]:
             query.awaitTermination()
             time.sleep(1)  # the last progress event reaches the listener
             with progress.lock:
@@ -143,6 +155,8 @@ def main() -> int:
             return mine[0][2] - start, time.time() - start
 
         run.produced = 0  # type: ignore[attr-defined]
+        if LINK == "block":
+            spark.sql(f"CREATE TABLE delta.`{arb}` (id BIGINT, amount BIGINT) USING delta")
         run(WINDOW)
         # As a user would shorten a table's retention (ALTER TABLE ... SET TBLPROPERTIES), once the link made it.
         spark.sql(f"ALTER TABLE delta.`{arb}` SET TBLPROPERTIES ('delta.logRetentionDuration' = '{LOG_RETENTION}', "
@@ -156,12 +170,19 @@ def main() -> int:
         last = statistics.median(durations[WINDOW + EPOCHS - WINDOW:WINDOW + EPOCHS])
         if LINK == "kafka-delta":
             seen = Counter(r.value for r in spark.read.format("delta").load(str(arb)).select("value").collect())
+        elif LINK == "block":  # one event per change, and the table the last amount per key
+            seen = Counter(json.loads(v)["amount"] for v in _read_committed(target, total * PER_EPOCH).elements())
+            merged = {r.id: r.amount for r in spark.read.format("delta").load(str(arb)).collect()}
+            if merged != {k: max(i for i in range(total * PER_EPOCH) if i % 20 == k) for k in range(20)}:
+                seen = Counter()  # the MERGE table is wrong: not once
         else:
             seen = _read_committed(target, total * PER_EPOCH)
         once = len(seen) == total * PER_EPOCH and set(seen.values()) == {1}
     summary = {
         "link": {"kafka-kafka": "lastagent-kafka -> lastagent-kafka",
-                 "kafka-delta": "lastagent-kafka -> lastagent-delta"}[LINK], "epochs": len(durations), "records_per_epoch": PER_EPOCH,
+                 "kafka-delta": "lastagent-kafka -> lastagent-delta",
+                 "block": "lastagent-kafka -> foreachBatch with lastagent.epoch (MERGE, an event per change)"}[LINK],
+        "epochs": len(durations), "records_per_epoch": PER_EPOCH,
         "first_window_median_ms": first, "last_window_median_ms": last, "window": WINDOW,
         "last_over_first": round(last / first, 3),
         "restart_to_first_epoch_s": {f"after {WINDOW} epochs": round(early_restart, 2),
