@@ -264,10 +264,11 @@ class TableUpkeep:
                 return
             _cleaned[self.uri] = cutoffs
         try:
+            log_files = self._list(f"{self.root}/_delta_log")  # listed once for both cleanups
             if retention.clean_log and "v2Checkpoint" not in (writer_features or ()):
-                self._clean_log(version, cutoffs[0])
+                self._clean_log(log_files, version, cutoffs[0])
             if self.vacuum:
-                self._vacuum(version, cutoffs[1], min(cutoffs[1], now - MIN_FILE_AGE_MS))
+                self._vacuum(log_files, version, cutoffs[1], min(cutoffs[1], now - MIN_FILE_AGE_MS))
         except (OSError, ArbitrationError) as exc:  # the files stay until the next cleanup
             log.warning("%s: cleanup after version %d failed: %s", self.what, version, exc)
 
@@ -282,23 +283,24 @@ class TableUpkeep:
         return [LogFile(i.path[len(directory) + 1:], (i.mtime_ns or 0) // 1_000_000, i.size or 0)
                 for i in found if i.type == fs.FileType.File]
 
-    def _clean_log(self, checkpoint_version: int, cutoff_ms: int) -> None:
+    def _clean_log(self, log_files: list[LogFile], checkpoint_version: int, cutoff_ms: int) -> None:
         log_dir = f"{self.root}/_delta_log"
-        doomed = expired_log_files(self._list(log_dir), cutoff_ms, checkpoint_version)
+        doomed = expired_log_files(log_files, cutoff_ms, checkpoint_version)
         for name in doomed:
             self._delete(f"{log_dir}/{name}")
         if doomed:
             log.info("%s: removed %d log file(s) older than %s (delta.logRetentionDuration)", self.what,
                      len(doomed), time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(cutoff_ms / 1000)))
 
-    def _vacuum(self, checkpoint_version: int, removed_before_ms: int, written_before_ms: int) -> None:
+    def _vacuum(self, log_files: list[LogFile], checkpoint_version: int, removed_before_ms: int,
+                written_before_ms: int) -> None:
         import pyarrow.parquet as pq
 
         log_dir = f"{self.root}/_delta_log"
         prefix = f"{checkpoint_version:020}.checkpoint"
         referenced: set[str] = set()
         tombstones: dict[str, int] = {}
-        checkpoints = [f for f in self._list(log_dir) if f.name.startswith(prefix) and f.name.endswith(".parquet")]
+        checkpoints = [f for f in log_files if f.name.startswith(prefix) and f.name.endswith(".parquet")]
         if not checkpoints:
             raise ArbitrationError(f"no checkpoint file of version {checkpoint_version} to read the files from")
         for f in checkpoints:

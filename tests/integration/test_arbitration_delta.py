@@ -327,3 +327,25 @@ def test_the_arbitration_tables_files_stay_bounded_by_its_retention_not_by_its_a
     assert {r.epoch for r in store.records("orders")} >= set(range(114, 120))
     checkpoint = pq.read_table(log_dir / next(log_dir.glob("*.checkpoint*.parquet")).name)
     assert "txn" in checkpoint.column_names  # the link's txn version lives on in the checkpoint
+
+
+def test_a_cached_reader_whose_update_fails_opens_the_table_again(tmp_path):
+    """The log's cleanup may delete the commits after a thread's cached version: its incremental update then fails,
+    and the reader opens the table anew at its newest version instead of failing the decision that asked."""
+    from deltalake import DeltaTable
+
+    from lastagent.delta.arbitration_table import LatestTable
+
+    store = DeltaArbitrationStore(str(tmp_path / "arb"))
+    generation = store.claim("orders", "q").generation
+    latest = LatestTable(str(tmp_path / "arb"), None)
+    stale = latest.get()
+    assert store.decide(_rec(0, "b"), generation).won
+
+    def gone() -> None:
+        raise OSError("Generic LocalFileSystem error: commit 00000000000000000002.json not found")
+
+    stale.update_incremental = gone
+    fresh = latest.get()
+    assert fresh is not stale and fresh.version() == DeltaTable(str(tmp_path / "arb")).version() == 2
+    assert latest.get() is fresh  # cached again for the next call
