@@ -1,4 +1,4 @@
-"""Kill soak: the three example links run while this process SIGKILLs drivers and Python workers at random times.
+"""Kill soak: the three example links and the epoch block run while this process SIGKILLs drivers and Python workers at random times.
 
 The links are the driver programs of :mod:`lastagent.examples`, each run to its end with
 ``trigger(availableNow=True)``:
@@ -6,7 +6,9 @@ The links are the driver programs of :mod:`lastagent.examples`, each run to its 
 * ``sink``  — ``sink-driver``: a Delta table (appended in many small commits, one per epoch) → ``lastagent-kafka``;
 * ``kafka`` — ``kafka-driver``: a Kafka topic (2 partitions) → ``lastagent-kafka``;
 * ``delta`` — ``delta-driver``: a Kafka topic of ``order-<t>-<i>`` values and a few poison records →
-  ``lastagent.examples:enrich`` → ``lastagent-delta``, dead letters to a topic and every row to a side topic.
+  ``lastagent.examples:enrich`` → ``lastagent-delta``, dead letters to a topic and every row to a side topic;
+* ``merge`` — ``merge-driver``: a Kafka topic of ``{"id", "amount"}`` changes → ``foreachBatch`` with a
+  ``lastagent.epoch`` block: an event per change to a topic and a Spark MERGE into a Delta table, one epoch.
 
 A supervisor starts one driver at a time, round-robin over the links, each as its own session
 (``start_new_session``) with ``local[2,64]`` (Spark retries a task whose Python worker died). Per run, from a
@@ -27,16 +29,19 @@ Whether Spark's Python daemon is on is drawn per run too. Before each start, the
 so that about ``--backlog-epochs`` epochs of work wait (a producer feeding the soak between runs). Every kill
 is logged (link, kill number, seconds since the driver started, what was killed); every run logs the time
 from its start to the first epoch it committed (a new ``txn`` action of the link in the arbitration table,
-or in the target table for the Delta link, read from the ``_delta_log`` commit files).
+or in the target table for the Delta link and the block, whose app id is ``lastagent/<link>/g<n>``; read from
+the ``_delta_log`` commit files).
 
 When ``--kills`` kills are done, the source stops growing and every link runs once more to its end without
 kills. Then the verification, independent of the connector's own bookkeeping:
 
 * every source record exactly once in each output: a ``read_committed`` consumer reads the Kafka outputs
-  (incl. dead letters and the side topic) to their end; Spark's Delta reader reads the Delta output;
+  (incl. dead letters and the side topic) to their end; Spark's Delta reader reads the Delta outputs (the
+  block's table must hold each key's last amount);
 * no open transaction of any link (``KafkaXAResource.recover("lastagent-<link>-") == []``);
 * ``lastagent status`` exits 0 for every link;
-* no data file in the Delta output that no commit references.
+* no data file in the Delta link's table that no commit references (the block's table is Spark's own MERGE's:
+  a killed MERGE leaves its files to VACUUM, as Spark does).
 
 The report (``--report``, JSON) is rewritten after every run, so a partial run leaves a useful one
 (``status: running``); the log on stdout has one line per event. Exit status 0 only when nothing was lost,
@@ -65,8 +70,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-LINKS = ("sink", "kafka", "delta")
-PIPELINES = {"sink": "sink-driver", "kafka": "kafka-driver", "delta": "delta-driver"}
+LINKS = ("sink", "kafka", "delta", "merge")
+PIPELINES = {"sink": "sink-driver", "kafka": "kafka-driver", "delta": "delta-driver", "merge": "merge-driver"}
+MERGE_KEYS = 20  # the block's changes: record n sets key n % MERGE_KEYS to n (a key's records share a partition)
 POISON_EVERY = 97  # one delta-link record in POISON_EVERY is not an order (dead letter)
 
 
@@ -195,7 +201,7 @@ class Link:
     kind: str
     name: str  # the link option
     args: list[str]
-    decisions: Path  # the _delta_log that gets txn(appId=name) for each decided epoch
+    decisions: Path  # the _delta_log that gets txn(appId=name) for each decided epoch (the block's: lastagent/name/gN)
     per_epoch: int  # source records per epoch
     produced: int = 0  # source records written so far
     topped_up_at: float = 0.0
@@ -204,6 +210,13 @@ class Link:
     startups: list[float] = field(default_factory=list)
     kills_before_commit: int = 0  # driver kills in a row that came before their run's first commit
     consecutive_failures: int = 0
+
+    def decides(self, txn: dict[str, Any]) -> bool:
+        """Whether a ``txn`` action is one of the link's decisions (not a claim's fence of an older generation)."""
+        app, version = str(txn.get("appId")), int(txn.get("version", -1))
+        if self.kind != "merge":
+            return app == self.name
+        return app.startswith(f"lastagent/{self.name}/g") and 0 <= version < 1 << 62
 
     def scan(self) -> list[tuple[int, float]]:
         """(epoch, commit time) of the link's decisions committed since the last scan."""
@@ -225,7 +238,7 @@ class Link:
             self.scanned_version = v
             stamp = next((a["commitInfo"].get("timestamp") for a in actions if "commitInfo" in a), None)
             for a in actions:
-                if "txn" in a and a["txn"].get("appId") == self.name:
+                if "txn" in a and self.decides(a["txn"]):
                     epoch = int(a["txn"]["version"])
                     found.append((epoch, stamp / 1000 if stamp else mtime))
                     self.latest_epoch = max(self.latest_epoch, epoch)
@@ -243,7 +256,8 @@ class Soak:
         self.report_path = Path(args.report).resolve()
         self.report_path.parent.mkdir(parents=True, exist_ok=True)
         self.links_wanted = [k.strip() for k in args.links.split(",") if k.strip()]
-        self.topics = {t: f"{self.run_id}-{t}" for t in ("sink-out", "kafka-in", "kafka-out", "orders", "dead", "side")}
+        self.topics = {t: f"{self.run_id}-{t}" for t in ("sink-out", "kafka-in", "kafka-out", "orders", "dead", "side",
+                                                         "changes", "events")}
         w = self.work
         self.links: dict[str, Link] = {}
         names = {k: f"{self.run_id}-{k}" for k in LINKS}
@@ -258,6 +272,10 @@ class Soak:
                                                              names["delta"], self.topics["dead"], self.topics["side"],
                                                              str(args.per_trigger)],
                                    w / "delta-table" / "_delta_log", args.per_trigger)
+        self.links["merge"] = Link("merge", names["merge"], [b, self.topics["changes"], self.topics["events"],
+                                                             str(w / "merge-table"), str(w / "merge-ckpt"), names["merge"],
+                                                             str(args.per_trigger)],
+                                   w / "merge-table" / "_delta_log", args.per_trigger)
         self.links = {k: v for k, v in self.links.items() if k in self.links_wanted}
         self.driver_budget = args.kills - round(args.kills * args.worker_share)
         self.worker_budget = args.kills - self.driver_budget
@@ -319,10 +337,14 @@ class Soak:
         if not self.resumed:
             admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="lastagent-soak")
             try:
-                wanted = {"sink-out": 2, "kafka-in": 2, "kafka-out": 2, "orders": 2, "dead": 1, "side": 2}
+                wanted = {"sink-out": 2, "kafka-in": 2, "kafka-out": 2, "orders": 2, "dead": 1, "side": 2,
+                          "changes": 2, "events": 2}
                 admin.create_topics([NewTopic(self.topics[t], n, 1) for t, n in wanted.items()])
             finally:
                 admin.close()
+            if "merge" in self.links:  # the block MERGEs into a table the user made with Spark
+                self.spark(["--spark-sql", f"CREATE TABLE delta.`{self.links['merge'].args[3]}` "
+                                           "(id BIGINT, amount BIGINT) USING delta"])
         from confluent_kafka import Producer
 
         self._producer = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 20})
@@ -346,7 +368,7 @@ class Soak:
                 ids = [f"s-{c * link.per_epoch + i}" for i in range(link.per_epoch)]
                 write_deltalake(link.args[1], pa.table({"key": ids, "value": ids}), mode="append")
         else:
-            topic = self.topics["kafka-in" if link.kind == "kafka" else "orders"]
+            topic = self.topics[{"kafka": "kafka-in", "delta": "orders", "merge": "changes"}[link.kind]]
             for n in range(start, start + want):
                 key, value = self.source_record(link.kind, n)
                 self._producer.produce(topic, key=key.encode(), value=value.encode(), partition=n % 2)
@@ -365,6 +387,8 @@ class Soak:
             return f"s-{n}", f"s-{n}"
         if kind == "kafka":
             return f"k-{n}", f"k-{n}"
+        if kind == "merge":
+            return f"m-{n}", json.dumps({"id": n % MERGE_KEYS, "amount": n})
         value = f"poison-{n}" if n % POISON_EVERY == POISON_EVERY // 2 else f"order-{n // 1000}-{n % 1000}"
         return f"d-{n}", value
 
@@ -565,10 +589,19 @@ class Soak:
             if kind in ("sink", "kafka"):
                 values = self.read_committed(self.topics[f"{kind}-out"], lambda k, val: val)
                 checks["output_topic"] = compare([val for _, val in expected], values)
+            elif kind == "merge":
+                checks["events_topic"] = compare([str(n) for n in range(link.produced)],
+                                                 self.read_committed(self.topics["events"],
+                                                                     lambda k, val: str(json.loads(val)["amount"])))
+                last = {n % MERGE_KEYS: n for n in range(link.produced)}
+                rows = {r["id"]: r["amount"] for r in self.spark_rows(link.args[3])}
+                checks["merge_table"] = {"keys": len(rows), "lost": 0, "duplicated": 0,
+                                         "unexpected": sum(1 for k, v in rows.items() if last.get(k) != v)
+                                         + sum(1 for k in last if k not in rows)}
             else:
                 good = [k for k, val in expected if not val.startswith("poison-")]
                 poison = [k for k, val in expected if val.startswith("poison-")]
-                checks["delta_table"] = compare(good, self.spark_keys(str(self.work / "delta-table")))
+                checks["delta_table"] = compare(good, [r["key"] for r in self.spark_rows(str(self.work / "delta-table"))])
                 checks["side_topic"] = compare(good, self.read_committed(self.topics["side"],
                                                                          lambda k, val: json.loads(val)["key"]))
                 checks["dead_letters"] = compare(poison, self.read_committed(self.topics["dead"], lambda k, val: k))
@@ -628,17 +661,21 @@ class Soak:
         finally:
             consumer.close()
 
-    def spark_keys(self, table: str) -> list[str]:
-        """The key column of a Delta table, read by Spark's Delta reader (a local session, in a process of its own)."""
-        out = self.work / "delta-keys.json"
+    def spark_rows(self, table: str) -> list[dict[str, Any]]:
+        """The rows of a Delta table, read by Spark's Delta reader (a local session, in a process of its own)."""
+        out = self.work / "delta-rows.json"
+        self.spark(["--spark-read", table, str(out)])
+        return json.loads(out.read_text())
+
+    def spark(self, what: list[str]) -> None:
+        """Runs this file's ``--spark-read`` or ``--spark-sql`` in a process of its own."""
         env = dict(os.environ)
         env.pop("LASTAGENT_SPARK_CONF", None)
-        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--spark-read", table, str(out),
-                               "--workdir", str(self.work)], env=env, capture_output=True, text=True, preexec_fn=_unblock_signals,
+        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *what, "--workdir", str(self.work)],
+                              env=env, capture_output=True, text=True, preexec_fn=_unblock_signals,
                               timeout=self.args.verify_timeout, check=False)
         if proc.returncode != 0:
-            raise SoakAbort(f"reading {table} with Spark failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
-        return json.loads(out.read_text())
+            raise SoakAbort(f"{what[0]} {what[1]} with Spark failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
 
     @staticmethod
     def orphan_files(table: Path) -> list[str]:
@@ -651,7 +688,8 @@ class Soak:
         return sorted(p.name for p in table.rglob("*.parquet") if parse_file_name(p.name) and p.name not in referenced)
 
     def status_of(self, link: Link) -> tuple[int | None, Any]:
-        where = ["--table", link.args[2]] if link.kind == "delta" else ["--arbitration-table", link.args[3]]
+        where = (["--table", link.args[2]] if link.kind == "delta" else ["--table", link.args[3]] if link.kind == "merge"
+                 else ["--arbitration-table", link.args[3]])
         cmd = [sys.executable, "-m", "lastagent.cli", "status", "--link", link.name, *where,
                "--bootstrap-servers", self.bootstrap, "--json"]
         try:
@@ -692,7 +730,7 @@ class Soak:
             "duration_s": round(self.elapsed(), 1),
             "interruptions": self.interruptions,
             "current_run": {"pid": self.current_pid, "link": self.current_link} if self.current_pid else None,
-            "parameters": {k: v_ for k, v_ in vars(self.args).items() if k not in ("spark_read",)},
+            "parameters": {k: v_ for k, v_ in vars(self.args).items() if k not in ("spark_read", "spark_sql")},
             "machine": {"cpus": os.cpu_count(), "loadavg_at_start": self.load_start, "loadavg_now": os.getloadavg()},
             "kills": {"total": len(self.kills), "by_kind": {"driver": len(driver_kills),
                                                             "worker": len(self.kills) - len(driver_kills)},
@@ -829,16 +867,20 @@ def _error_line(tail: list[str]) -> str:
     return (tail[-1].strip()[:400] if tail else "")
 
 
-def spark_read(table: str, out: str, workdir: str) -> int:
-    """``--spark-read``: writes the key column of a Delta table, read with Spark's Delta reader, as JSON."""
+def spark_read(table: str | None, out: str | None, sql: str | None, workdir: str) -> int:
+    """``--spark-read``: writes a Delta table's rows, read with Spark's Delta reader, as JSON; ``--spark-sql``: runs
+    one statement."""
     from lastagent.spark_session import local_session
 
     local = Path(workdir) / "spark-local" / "verify"
     local.mkdir(parents=True, exist_ok=True)
     spark = local_session("lastagent-soak-verify", extra_conf={"spark.local.dir": str(local)})
     spark.sparkContext.setLogLevel("ERROR")
-    keys = [r.key for r in spark.read.format("delta").load(table).select("key").collect()]
-    Path(out).write_text(json.dumps(keys))
+    if sql:
+        spark.sql(sql)
+    if table and out:
+        rows = [r.asDict() for r in spark.read.format("delta").load(table).collect()]
+        Path(out).write_text(json.dumps(rows))
     spark.stop()
     return 0
 
@@ -850,7 +892,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report", default=str(ROOT / ".cache" / "soak.json"), help="report JSON, rewritten after every run")
     p.add_argument("--bootstrap", default=os.environ.get("LASTAGENT_KAFKA_BOOTSTRAP", "127.0.0.1:39092"))
     p.add_argument("--workdir", default=str(ROOT / ".cache" / "soak"), help="tables, checkpoints and driver logs go below")
-    p.add_argument("--links", default=",".join(LINKS), help="comma-separated subset of sink,kafka,delta")
+    p.add_argument("--links", default=",".join(LINKS), help="comma-separated subset of sink,kafka,delta,merge")
     p.add_argument("--worker-share", type=float, default=0.5, help="share of the kills that hit executor Python workers")
     p.add_argument("--worker-kills-per-run", type=int, default=2,
                    help="at most this many executor worker kills per driver run (1..N, uniform)")
@@ -870,9 +912,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", metavar="REPORT",
                    help="take up an interrupted soak from its report (its parameters; other options are ignored)")
     p.add_argument("--spark-read", nargs=2, metavar=("TABLE", "OUT"), help=argparse.SUPPRESS)
+    p.add_argument("--spark-sql", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.spark_read:
-        return spark_read(args.spark_read[0], args.spark_read[1], args.workdir)
+    if args.spark_read or args.spark_sql:
+        table, out = args.spark_read or (None, None)
+        return spark_read(table, out, args.spark_sql, args.workdir)
     if args.worker_kills_per_run < 1:
         p.error(f"--worker-kills-per-run: {args.worker_kills_per_run}; it must be 1 or more")
     unknown = set(args.links.split(",")) - set(LINKS)

@@ -1,4 +1,4 @@
-"""A short kill soak in ``make test-soak``: ``dev/soak.py`` with a few kills over the three example links.
+"""A short kill soak in ``make test-soak``: ``dev/soak.py`` with a few kills over the three example links and the epoch block.
 
 Drivers are SIGKILLed (their whole session: driver, JVM, Python daemons and workers) and executor
 Python workers are SIGKILLed at seeded random times while the links run; then every link runs to its
@@ -19,7 +19,7 @@ import pytest
 pytestmark = pytest.mark.soak
 
 ROOT = Path(__file__).resolve().parents[2]
-KILLS = 6  # 3 driver kills (one per link, round-robin) and 3 worker kills
+KILLS = 8  # 4 driver kills (one per link, round-robin) and 4 worker kills
 
 
 @pytest.mark.timeout(3600)  # ~5 min on an idle 2-core machine, ~20 min when other Spark tests share it
