@@ -22,9 +22,9 @@ from common import BOOTSTRAP, PeakRss, new_topic
 from confluent_kafka import Producer
 from kafka.admin import KafkaAdminClient
 
-from lastagent.core.committer import Committer
 from lastagent.kafka.branch import BranchWriter
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
+from lastagent.sinks.link_ports import link_committer
 from lastagent.spark_session import local_session
 
 ROWS = int(os.environ.get("BENCH_ROWS", "1000000"))
@@ -94,7 +94,7 @@ def commit_overhead(branches: int, admin: KafkaAdminClient, arbitration: str = W
         "arbitrationTable": f"{arbitration}/arb-{link}", "arbitrationCleanupEvery": "1000000", **(storage or {}),
     })
     times = []
-    with Committer(options) as committer:
+    with link_committer(options) as committer:
         generation = committer.claim_and_recover(owner="bench")[0].generation
         for epoch in range(EPOCHS):
             handles = []

@@ -31,7 +31,8 @@ from confluent_kafka import Producer
 from kafka.admin import KafkaAdminClient
 
 from lastagent._native import BranchProducer
-from lastagent.kafka.branch import BranchHandle, describe_open, producer_config
+from lastagent.core.branch_handle import BranchHandle
+from lastagent.kafka.branch import describe_open, producer_config
 from lastagent.kafka.config import KafkaConfig, as_librdkafka_strings
 from lastagent.kafka.xa import KafkaXAResource
 

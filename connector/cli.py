@@ -40,12 +40,11 @@ from lastagent.errors import ArbitrationError, LastAgentError
 
 def _committer(args: argparse.Namespace) -> Any:
     """The link's committer: arbitration in its own table (Kafka sink) or in the target table (Delta sink)."""
-    from lastagent.core.committer import Committer
     from lastagent.delta.batch_table import BatchEpochTable, is_batch_link
     from lastagent.delta.target_table import TargetTableStore
-    from lastagent.kafka.xa import KafkaXAResource
     from lastagent.sinks.delta_sink_options import DeltaSinkOptions
     from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
+    from lastagent.sinks.link_ports import link_committer
 
     if bool(args.arbitration_table) == bool(args.table):
         raise LastAgentError("give --arbitration-table (a lastagent-kafka link) or --table (a lastagent-delta "
@@ -58,12 +57,12 @@ def _committer(args: argparse.Namespace) -> Any:
             key, _, value = setting.partition("=")
             raw[prefix + key] = value
     if args.arbitration_table:
-        return Committer(KafkaSinkOptions.parse({**raw, "arbitrationTable": args.arbitration_table}))
+        return link_committer(KafkaSinkOptions.parse({**raw, "arbitrationTable": args.arbitration_table}))
     options = DeltaSinkOptions.parse({**raw, "path": args.table})
     batch = BatchEpochTable(args.table, options.storage)
     # Side outputs are the query's options, not the command's: always look for open branches.
     store = batch if is_batch_link(batch.table(), args.link) else TargetTableStore(args.table, storage=options.storage)
-    return Committer(options, store=store, xa=KafkaXAResource(options.client_config))
+    return link_committer(options, store=store, kafka=True)
 
 
 def read_properties(path: str) -> dict[str, str]:

@@ -36,9 +36,9 @@ from lastagent import faults
 from lastagent.core import batch_epoch as be
 from lastagent.core import protocol, xid
 from lastagent.core.arbitration import Ownership
+from lastagent.core.branch_handle import BranchHandle
 from lastagent.delta.batch_table import HISTORY_DEPTH, BatchEpochTable
 from lastagent.errors import BlockWriteError, EpochNotDecidedError, OptionError, StaleOwnerError
-from lastagent.kafka.branch import BranchHandle
 from lastagent.kafka.config import KafkaConfig
 from lastagent.sinks.kafka_rows import SinkColumns, check_schema
 from lastagent.sinks.kafka_sink_options import SINK_OPTIONS
@@ -134,6 +134,10 @@ class BlockOptions(xid.LinkIds):
     transaction_timeout_ms: int
     storage: StorageConfig
     phase2_parallelism: int = field(default_factory=lambda: SINK_OPTIONS.integer_value({}, "phase2Parallelism"))
+    #: The block's decisions are the table's own commits: Spark's log keeps them, no cleanup of ours.
+    cleanup_every: int = 1 << 62
+    retention_epochs: int = 0
+    checkpoint_location: str = "the query's checkpoint (read by Spark, not by the block)"
 
 
 @dataclass(frozen=True)

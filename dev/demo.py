@@ -112,8 +112,8 @@ def sink_act(bootstrap: str, workdir: str, table: str) -> bool:
     """Act 2: that Delta table → lastagent-kafka sink, the driver SIGKILLed midway and restarted."""
     from kafka.admin import KafkaAdminClient, NewTopic
 
-    from lastagent.core.committer import Committer
     from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
+    from lastagent.sinks.link_ports import link_committer
 
     topic = f"demo-shipments-{uuid.uuid4().hex[:6]}"
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="lastagent-demo")
@@ -131,7 +131,7 @@ def sink_act(bootstrap: str, workdir: str, table: str) -> bool:
     distinct = len(set(values))
     options = KafkaSinkOptions.parse({"kafka.bootstrap.servers": bootstrap, "link": "demo-shipments",
                                       "arbitrationTable": args[3], "checkpointLocation": args[2]})
-    with Committer(options) as committer:
+    with link_committer(options) as committer:
         in_doubt = len(committer.in_doubt())
         epochs = len(committer.store.records("demo-shipments"))
     return _proof("2/3 Delta -> lastagent-kafka sink, killed once and restarted (independent read_committed consumer)", {

@@ -12,7 +12,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from lastagent import faults
-from lastagent.kafka.branch import BranchHandle, BranchWriter
+from lastagent.core.branch_handle import BranchHandle
+from lastagent.kafka.branch import BranchWriter
 from lastagent.kafka.config import KafkaConfig
 from lastagent.sinks.kafka_rows import SinkColumns, records, simple_columns
 

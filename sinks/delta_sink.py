@@ -33,12 +33,12 @@ from pyspark.sql.types import StructType
 
 from lastagent import faults
 from lastagent.core import protocol
+from lastagent.core.branch_handle import BranchHandle
 from lastagent.core.figures import EpochFigures
 from lastagent.delta.features import TableRules
 from lastagent.delta.files import FileWriter, delta_arrow_schema, physical_fields
 from lastagent.delta.target_table import StagedEpoch, TargetTableStore, schema_diff, schema_error
 from lastagent.groups.refusals import split_refused, strip_refusal_columns
-from lastagent.kafka.branch import BranchHandle
 from lastagent.sinks import dead_letters, transformer
 from lastagent.sinks.delta_sink_options import DeltaSinkOptions
 from lastagent.sinks.epoch_timings import keep_timings, previous_timings
@@ -111,7 +111,7 @@ class DeltaStreamWriter(StartsWhenShipped, StreamWriter):
 
     def start(self) -> Started:
         """Checks the table and finishes decided side-output branches (:meth:`Committer.start`). Driver, before each epoch's tasks."""
-        from lastagent.core.committer import Committer
+        from lastagent.sinks.link_ports import link_committer
 
         opts = self.options
         require_reachable(opts.storage, {"path": opts.path, "checkpointLocation": opts.checkpoint_location,
@@ -141,7 +141,7 @@ class DeltaStreamWriter(StartsWhenShipped, StreamWriter):
                 from lastagent.errors import OptionError
 
                 raise OptionError("partitionBy", f"column(s) {unknown} are not among the query's columns {columns}")
-        with Committer(self.options, store=store) as committer:
+        with link_committer(self.options, store=store) as committer:
             if committer.xa is not None:
                 require_topics(committer, {"deadLetterTopic": [t for t in [self.options.dead_letter_topic] if t],
                                            "sideTopics": list(self.options.side_topics)})
@@ -301,8 +301,8 @@ class DeltaStreamWriter(StartsWhenShipped, StreamWriter):
     # -- driver -----------------------------------------------------------------------------
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        from lastagent.core.committer import Committer
         from lastagent.errors import EpochNotDecidedError
+        from lastagent.sinks.link_ports import link_committer
 
         msgs = [m for m in messages if isinstance(m, DeltaMessage)]
         generation = generation_of(msgs, batchId)
@@ -316,7 +316,7 @@ class DeltaStreamWriter(StartsWhenShipped, StreamWriter):
         figures = EpochFigures(records=(("kafka", sum(h.records for h in handles)), ("table", sum(m.rows for m in msgs))),
                                dead_letters=sum(m.dead_letters for m in msgs),
                                previous=previous_timings(opts.checkpoint_location, opts.link, batchId, opts.storage))
-        with Committer(self.options, store=store) as committer:
+        with link_committer(self.options, store=store) as committer:
             try:
                 committer.commit(batchId, generation, handles, staged=staged, figures=figures)
             except EpochNotDecidedError:
@@ -335,11 +335,11 @@ class DeltaStreamWriter(StartsWhenShipped, StreamWriter):
                  batchId, rows, len(staged.adds), self.options.path, dead)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        from lastagent.core.committer import Committer
+        from lastagent.sinks.link_ports import link_committer
 
         msgs = [m for m in messages if isinstance(m, DeltaMessage)]
         store = self._store()
-        with Committer(self.options, store=store) as committer:
+        with link_committer(self.options, store=store) as committer:
             committer.abort(batchId, generation_of(msgs, batchId), _handles(msgs), settle_s=LATE_TASKS_S)
         if store.get(self.options.link, batchId) is None:
             store.discard(self._staged(msgs, check=False))

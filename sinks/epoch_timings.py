@@ -24,7 +24,7 @@ log = logging.getLogger("lastagent.figures")
 
 
 def _where(checkpoint_location: str, link: str, storage: StorageConfig | None) -> tuple[Any, str]:
-    from lastagent.core.checkpoint import filesystem
+    from lastagent.spark_checkpoint import filesystem
 
     fs_, base = filesystem(checkpoint_location, storage=storage)
     return fs_, f"{base.rstrip('/')}/lastagent/{link}.timings.json"

@@ -29,8 +29,8 @@ from pyspark.sql.types import StructType
 
 from lastagent import faults
 from lastagent.core import protocol
+from lastagent.core.branch_handle import BranchHandle
 from lastagent.core.figures import EpochFigures
-from lastagent.kafka.branch import BranchHandle
 from lastagent.sinks.branch_task import write_branch
 from lastagent.sinks.epoch_timings import keep_timings, previous_timings
 from lastagent.sinks.kafka_rows import check_schema
@@ -91,11 +91,11 @@ class KafkaStreamWriter(StartsWhenShipped, StreamWriter):
 
     def start(self) -> Started:
         """Checks the link and finishes its decided branches (:meth:`Committer.start`). Driver, before each epoch's tasks."""
-        from lastagent.core.committer import Committer
+        from lastagent.sinks.link_ports import link_committer
 
         require_reachable(self.options.storage, {"arbitrationTable": self.options.arbitration_table,
                                                  "checkpointLocation": self.options.checkpoint_location})
-        with Committer(self.options) as committer:
+        with link_committer(self.options) as committer:
             require_topics(committer, {"topic": [self.options.topic] if self.options.topic else []})
             owner = committer.checkpoint.query_id()
             ownership, decided_through = committer.start(owner)
@@ -135,7 +135,7 @@ class KafkaStreamWriter(StartsWhenShipped, StreamWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Driver, once per epoch: decide, then phase 2 (:meth:`Committer.commit`)."""
-        from lastagent.core.committer import Committer
+        from lastagent.sinks.link_ports import link_committer
 
         msgs = [m for m in messages if isinstance(m, BranchMessage)]
         generation = generation_of(msgs, batchId)
@@ -147,16 +147,16 @@ class KafkaStreamWriter(StartsWhenShipped, StreamWriter):
         opts = self.options
         figures = EpochFigures(records=(("kafka", sum(m.records for m in msgs)),),
                                previous=previous_timings(opts.checkpoint_location, opts.link, batchId, opts.storage))
-        with Committer(opts) as committer:
+        with link_committer(opts) as committer:
             committer.commit(batchId, generation, _handles(msgs), figures=figures)
             keep_timings(opts.checkpoint_location, opts.link, committer.last_timings, opts.storage)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Driver: Spark gave up on the epoch (:meth:`Committer.abort`)."""
-        from lastagent.core.committer import Committer
+        from lastagent.sinks.link_ports import link_committer
 
         msgs = [m for m in messages if isinstance(m, BranchMessage)]
-        with Committer(self.options) as committer:
+        with link_committer(self.options) as committer:
             committer.abort(batchId, generation_of(msgs, batchId), _handles(msgs), settle_s=LATE_TASKS_S)
 
 

@@ -16,9 +16,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from lastagent.core.branch_handle import BranchHandle
 from lastagent.delta.files import FileWriter
 from lastagent.errors import DeadLetterError, RecordTooLarge, TransactionFailed
-from lastagent.kafka.branch import BranchHandle, BranchWriter
+from lastagent.kafka.branch import BranchWriter
 from lastagent.sinks import dead_letters
 from lastagent.sinks.delta_sink_options import DeltaSinkOptions
 

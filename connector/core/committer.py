@@ -2,10 +2,12 @@
 
 The one interpreter of the protocol: the rules live in :mod:`lastagent.core.protocol` (pure); this
 module reads the arbitration store, the broker and Spark's checkpoint through three ports
-(:class:`~lastagent.core.arbitration.ArbitrationStore`, :class:`~lastagent.kafka.xa.XAResource`,
+(:class:`~lastagent.core.arbitration.ArbitrationStore`, :class:`~lastagent.core.kafka_port.XAResource`,
 :class:`~lastagent.core.checkpoint.CheckpointReader`), feeds what it finds to the rules, and carries
-out the actions they return. The model check (tests/unit/test_protocol_model.py) runs this very
-class against in-memory ports that crash at every call.
+out the actions they return. It builds no port: whoever starts a link wires the adapters
+(:func:`lastagent.sinks.link_ports.link_committer` for the sinks and the command, the epoch block its own).
+The model check (tests/unit/test_protocol_model.py) runs this very class against in-memory ports
+that crash at every call.
 """
 
 from __future__ import annotations
@@ -14,17 +16,17 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from lastagent import faults
 from lastagent.core import protocol, xid
 from lastagent.core.arbitration import ArbitrationRecord, ArbitrationStore, Ownership, require_owner
-from lastagent.core.checkpoint import CheckpointReader, SparkCheckpoint
+from lastagent.core.branch_handle import BranchHandle
+from lastagent.core.checkpoint import CheckpointReader
 from lastagent.core.figures import EpochFigures, EpochTimings, oldest_age_ms
+from lastagent.core.kafka_port import EndOutcome, EndResult, OpenTransaction, XAResource
 from lastagent.core.protocol import Branch, CommitBranch, RollbackBranch, WriteDecision
 from lastagent.errors import ArbitrationError, DecidedBranchLostError, EpochNotDecidedError, LastAgentError, LinkMismatchError, OptionError
-from lastagent.kafka.branch import BranchHandle
-from lastagent.kafka.xa import EndOutcome, EndResult, KafkaXAResource, XAResource
 
 log = logging.getLogger("lastagent.core.committer")
 
@@ -32,36 +34,45 @@ log = logging.getLogger("lastagent.core.committer")
 _SETTLE_POLL_S = 0.25
 
 
+class LinkSettings(Protocol):
+    """What the committer reads of a link's parsed options (either sink's, or the epoch block's)."""
+
+    @property
+    def link(self) -> str: ...
+    @property
+    def checkpoint_location(self) -> str: ...
+    @property
+    def id_prefix(self) -> str: ...
+    @property
+    def transaction_timeout_ms(self) -> int: ...
+    @property
+    def phase2_parallelism(self) -> int: ...
+    @property
+    def cleanup_every(self) -> int: ...
+    @property
+    def retention_epochs(self) -> int: ...
+
+
 class Committer:
     """Runs one link's protocol steps on the driver.
 
     Args:
-        options: the sink's parsed options (link, Kafka settings, checkpointLocation).
-        store: the arbitration store; defaults to the Delta table ``options.arbitration_table``
-            names. The ``lastagent-delta`` sink passes its target table (the last agent).
-        xa: the Kafka XA resource; defaults to one built from the options, or none when the
-            link has no Kafka branches (``options.has_kafka`` false).
-        checkpoint: Spark's checkpoint; defaults to ``options.checkpoint_location``.
+        options: the link's parsed options (link, id prefix, timeouts, cleanup).
+        store: the arbitration store: a ``lastagent-kafka`` link's arbitration table, the
+            ``lastagent-delta`` sink's target table (the last agent), the block's table.
+        xa: the Kafka XA resource; None when the link has no Kafka branches.
+        checkpoint: Spark's checkpoint.
         now_ms: the clock that branch start times are compared with (the broker's clock, which
             the driver's wall clock stands for); the model check passes its own.
     """
 
-    def __init__(self, options: Any, store: ArbitrationStore | None = None, xa: XAResource | None = None,
-                 checkpoint: CheckpointReader | None = None, now_ms: Callable[[], int] | None = None) -> None:
+    def __init__(self, options: LinkSettings, store: ArbitrationStore, xa: XAResource | None,
+                 checkpoint: CheckpointReader, now_ms: Callable[[], int] | None = None) -> None:
         self.options = options
         self.link: str = options.link
-        if store is None:
-            # The default adapter: a lastagent-kafka link's arbitration table (imported here, so that the core
-            # needs no Delta library until a store is made).
-            from lastagent.delta.arbitration_table import DeltaArbitrationStore
-
-            store = DeltaArbitrationStore(options.arbitration_table, options.storage)
         self.store: ArbitrationStore = store
-        if xa is None and getattr(options, "has_kafka", True):
-            xa = KafkaXAResource(options.client_config)
         self.xa = xa
-        self.checkpoint: CheckpointReader = checkpoint or SparkCheckpoint(options.checkpoint_location,
-                                                                          options.storage)
+        self.checkpoint: CheckpointReader = checkpoint
         self.now_ms = now_ms or (lambda: int(time.time() * 1000))
         #: The last epoch this committer decided: how long its decision and phase 2 took (None until
         #: it wrote one). Known only after the record was written, so it goes into the next epoch's.
@@ -185,14 +196,14 @@ class Committer:
             return
         through = self.checkpoint.committed_through()
         if through >= 0 and self.store.empty_through(self.link) < through:
-            where = getattr(self.options, "arbitration_table", None) or getattr(self.options, "path", "")
+            where = getattr(self.store, "path", "the arbitration store")
             raise LinkMismatchError(
                 f"option 'link': checkpoint {self.options.checkpoint_location} has committed epochs 0..{through}, but "
                 f"{where} has never seen link {self.link!r}: the checkpoint was written under another link name or "
                 "arbitration table. Restart with the link and arbitrationTable it was started with (they are in "
                 "the old query's options), or use a new checkpointLocation for a new link")
 
-    def _open(self, through_generation: int | None = None) -> list[Any]:
+    def _open(self, through_generation: int | None = None) -> list[OpenTransaction]:
         """The link's open transactions, of generations up to ``through_generation`` (all when None).
 
         Ids of another link that shares the prefix are not ours; a newer generation's branches
@@ -207,7 +218,7 @@ class Committer:
                 out.append(t)
         return out
 
-    def in_doubt(self) -> list[tuple[Any, str, int]]:
+    def in_doubt(self) -> list[tuple[OpenTransaction, str, int]]:
         """Every open branch of the link with the decision recovery would give it.
 
         Returns:
@@ -304,7 +315,7 @@ class Committer:
             raise LastAgentError(f"link {self.link!r} epoch {epoch}: the rules named no decision")
         return record
 
-    def _open_with(self, generation: int, live: Sequence[BranchHandle]) -> list[Any]:
+    def _open_with(self, generation: int, live: Sequence[BranchHandle]) -> list[OpenTransaction]:
         """The link's open transactions up to ``generation``, and every one of ``live`` that is open."""
         open_now = self._open(generation)
         listed = {Branch.of(t) for t in open_now}

@@ -14,8 +14,8 @@ from typing import Any
 
 from lastagent.core import batch_epoch as be
 from lastagent.core.arbitration import ArbitrationRecord, Decision, Ownership
+from lastagent.core.branch_handle import BranchHandle
 from lastagent.errors import LastAgentError
-from lastagent.kafka.branch import BranchHandle
 from lastagent.storage import StorageConfig, location
 
 #: How many of the table's newest commits the block searches for records and claims.

@@ -266,7 +266,7 @@ class TargetTableStore:
 
     def _owner(self) -> str:
         """The query that owns the checkpoint: the owner a new table records for generation 0."""
-        from lastagent.core.checkpoint import query_id
+        from lastagent.spark_checkpoint import query_id
 
         if self.checkpoint_location is None:
             raise ArbitrationError(f"cannot create Delta table {self.path} without the query's checkpointLocation")
@@ -311,7 +311,7 @@ class TargetTableStore:
     def _empty_record(self, link: str) -> tuple[Any, str] | None:
         if self.checkpoint_location is None:
             return None
-        from lastagent.core.checkpoint import filesystem
+        from lastagent.spark_checkpoint import filesystem
 
         fs_, base = filesystem(self.checkpoint_location, storage=self.storage)
         return fs_, f"{base}/lastagent/{link}.empty.json"
@@ -674,7 +674,7 @@ class TargetTableStore:
         """Fails when a restarted query's link has no commits but another link's are there (renamed)."""
         if self.checkpoint_location is None or self.latest_epoch(link) is not None:
             return
-        from lastagent.core.checkpoint import committed_through
+        from lastagent.spark_checkpoint import committed_through
 
         if committed_through(self.checkpoint_location, self.storage) < 0:
             return  # a new query: a table shared with other links is fine

@@ -8,12 +8,11 @@ even a SIGKILL of the process, until the driver ends it by its handle (:mod:`las
 transaction (:func:`describe_open`), for the handle's producer id and epoch.
 
 This module does not import the driver's transaction client (:class:`lastagent.kafka.xa.KafkaXAResource`:
-``EndTxn``, listing, the broker's limits); the driver imports this one for :class:`BranchHandle`.
+``EndTxn``, listing, the broker's limits); the handle it returns is :class:`lastagent.core.branch_handle.BranchHandle`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lastagent import redact
+from lastagent.core.branch_handle import BranchHandle
 from lastagent.errors import BranchError, KafkaProtocolError, RecordTooLarge, TransactionFailed
 from lastagent.kafka.config import KafkaConfig, access_hint, as_librdkafka_strings
 from lastagent.kafka.wire import TransactionCoordinatorClient
@@ -70,44 +70,6 @@ class RefusedRecord:
             note = (f"; the record has {self.size} bytes, and it or the batch it was in is larger than the "
                     "topic's max.message.bytes or the broker's message.max.bytes")
         return f"{self.position()}: {self.text} ({self.error}{note})"
-
-
-@dataclass(frozen=True)
-class BranchHandle:
-    """What any process needs to finish a prepared branch; the task's commit message.
-
-    Carries no payload and no secrets: only ids, counts and partitions.
-
-    Attributes:
-        transactional_id: the branch's Kafka transactional.id (one per task partition and attempt of a run).
-        producer_id: the producer id that holds the open transaction.
-        producer_epoch: the producer epoch of the open transaction.
-        records: how many records the branch wrote; 0 means read-only (nothing to finish).
-        partitions: the topic partitions the transaction touched.
-    """
-
-    transactional_id: str
-    producer_id: int
-    producer_epoch: int
-    records: int
-    partitions: tuple[tuple[str, int], ...] = ()
-
-    @property
-    def read_only(self) -> bool:
-        """XA's XA_RDONLY: the branch wrote nothing, so there is no transaction to end."""
-        return self.records == 0
-
-    def to_json(self) -> str:
-        return json.dumps({
-            "tid": self.transactional_id, "pid": self.producer_id, "epoch": self.producer_epoch,
-            "records": self.records, "partitions": [list(tp) for tp in self.partitions],
-        }, separators=(",", ":"), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> BranchHandle:
-        d = json.loads(text)
-        return cls(d["tid"], int(d["pid"]), int(d["epoch"]), int(d["records"]),
-                   tuple((str(t), int(p)) for t, p in d.get("partitions", [])))
 
 
 def producer_config(client_config: KafkaConfig | Mapping[str, str], transactional_id: str,

@@ -5,21 +5,20 @@ transaction manager; Kafka keeps no heuristic outcome to forget): the executor's
 starts, writes and prepares a branch, is :mod:`lastagent.kafka.branch`. :class:`KafkaXAResource` runs on the driver
 (or in the ``lastagent`` command). It commits or rolls back a branch by its handle with ``EndTxn`` (see
 :mod:`lastagent.kafka.wire`), lists the open transactions of a link from the broker, and reads the broker's
-transaction limits.
+transaction limits. It is the adapter of the committer's Kafka port, :class:`lastagent.core.kafka_port.XAResource`.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from lastagent import faults
+from lastagent.core.branch_handle import BranchHandle
+from lastagent.core.kafka_port import EndOutcome, EndResult, OpenTransaction
 from lastagent.errors import KafkaProtocolError, KafkaUnavailableError
 from lastagent.kafka import internals as kafka_internals
-from lastagent.kafka.branch import BranchHandle
 from lastagent.kafka.config import KafkaConfig
 from lastagent.kafka.retry import RETRIABLE_NAMES, is_retriable
 from lastagent.kafka.wire import TransactionCoordinatorClient
@@ -33,45 +32,6 @@ _GONE = frozenset({
 })
 
 
-class EndOutcome(enum.Enum):
-    """How ending one branch turned out, as the protocol core needs to know it."""
-
-    COMMITTED = "committed"  # this call, or an earlier one (a retry recognised as done)
-    ROLLED_BACK = "rolled_back"
-    NOTHING_TO_END = "nothing_to_end"  # read-only branch
-    #: Asked to commit, but the broker ended the transaction otherwise (expired after its
-    #: timeout, or fenced by a new producer of the same id). A hazard for a decided epoch.
-    NOT_COMMITTED = "not_committed"
-    #: Asked to roll back, but the transaction was committed (XA's heuristic commit).
-    HEURISTIC_COMMIT = "heuristic_commit"
-
-
-@dataclass(frozen=True)
-class EndResult:
-    """One branch end: the outcome and the broker's words for it."""
-
-    handle: BranchHandle
-    outcome: EndOutcome
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class OpenTransaction:
-    """An open transaction the broker reports for a link's id prefix (recovery input)."""
-
-    transactional_id: str
-    producer_id: int
-    producer_epoch: int
-    state: str
-    started_ms: int
-    timeout_ms: int
-    partitions: tuple[tuple[str, int], ...] = field(default_factory=tuple)
-
-    def handle(self) -> BranchHandle:
-        """The handle to finish it; records unknown, so counted as one (not read-only)."""
-        return BranchHandle(self.transactional_id, self.producer_id, self.producer_epoch, 1, self.partitions)
-
-
 def _ongoing(described: Mapping[str, Any]) -> list[OpenTransaction]:
     """The open (``Ongoing``) transactions of a DescribeTransactions answer, by id."""
     return [OpenTransaction(tid, desc.producer_id, desc.producer_epoch, desc.state,
@@ -79,52 +39,8 @@ def _ongoing(described: Mapping[str, Any]) -> list[OpenTransaction]:
             for tid, desc in sorted(described.items()) if desc.state == "Ongoing"]
 
 
-class XAResource(Protocol):
-    """The XA resource port: what the committer needs from Kafka. Driver side."""
-
-    def transaction_protocol(self) -> int:
-        """The broker's transaction protocol (2: KIP-890, else 1); raises for a broker that cannot serve us."""
-        ...
-
-    def broker_max_timeout_ms(self) -> int:
-        """The broker's ``transaction.max.timeout.ms``."""
-        ...
-
-    def missing_topics(self, topics: Iterable[str]) -> list[str]:
-        """Topics that do not exist and will not be created on first write."""
-        ...
-
-    def commit(self, handle: BranchHandle) -> EndResult:
-        """Ends one branch with commit; a branch already committed counts as done."""
-        ...
-
-    def rollback(self, handle: BranchHandle) -> EndResult:
-        """Ends one branch with abort; a branch already rolled back counts as done."""
-        ...
-
-    def end_all(self, handles: Iterable[BranchHandle], commit: bool, parallelism: int = 8) -> list[EndResult]:
-        """Ends many branches (phase 2), results in the order given."""
-        ...
-
-    def recover(self, transactional_id_prefix: str) -> list[OpenTransaction]:
-        """Every open transaction whose id starts with the prefix, as the broker lists it."""
-        ...
-
-    def open_among(self, handles: Iterable[BranchHandle]) -> list[OpenTransaction]:
-        """The handles' transactions still open, asked of each id's own coordinator (never a listing)."""
-        ...
-
-    def how_ended(self, handle: BranchHandle) -> str:
-        """"committed", "aborted", "open" or "unknown", from the broker, without side effects."""
-        ...
-
-    def close(self) -> None:
-        """Frees connections."""
-        ...
-
-
 class KafkaXAResource:
-    """The transaction manager's view of Kafka for one link: the :class:`XAResource` port. Driver side.
+    """The transaction manager's view of Kafka for one link: the :class:`~lastagent.core.kafka_port.XAResource` port. Driver side.
 
     Every request to the brokers is retried through broker loss (a node restarting, the
     coordinator or a leader moving, the transaction log short of in-sync replicas) within

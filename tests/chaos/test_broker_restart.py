@@ -14,11 +14,11 @@ from support import read_committed
 
 from lastagent import faults
 from lastagent.core.arbitration import InMemoryArbitrationStore
-from lastagent.core.committer import Committer
 from lastagent.errors import KafkaUnavailableError
 from lastagent.kafka.branch import BranchWriter
 from lastagent.kafka.xa import KafkaXAResource
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
+from lastagent.sinks.link_ports import link_committer
 
 pytestmark = pytest.mark.chaos
 
@@ -85,7 +85,7 @@ def test_prepared_branches_survive_a_broker_kill_between_decision_and_phase_2(ow
 
     faults.install(kill_after_the_decision)
     try:
-        with Committer(options, store=store) as committer, pytest.raises(KafkaUnavailableError):
+        with link_committer(options, store=store) as committer, pytest.raises(KafkaUnavailableError):
             committer.commit(0, 1, handles)  # decided, but phase 2 cannot reach Kafka
     finally:
         faults.install(None)
@@ -93,7 +93,7 @@ def test_prepared_branches_survive_a_broker_kill_between_decision_and_phase_2(ow
 
     kafka_broker.up(port, workdir)
     _wait_for_broker(bootstrap)
-    with Committer(options, store=store) as committer:
+    with link_committer(options, store=store) as committer:
         committer.start(owner="q")  # recovery commits the decided epoch's open branches
         assert committer.in_doubt() == []
     assert sorted(v for _, v in read_committed(bootstrap, topic, 60)) == _expected()
@@ -106,7 +106,7 @@ def test_a_broker_down_before_the_decision_decides_nothing_and_the_replay_writes
     options, store, topic = link
     handles = _prepare(options, topic, 1)
     kafka_broker.kill(port, workdir)  # mid-epoch: prepared, not decided
-    with Committer(options, store=store) as committer, pytest.raises(KafkaUnavailableError):
+    with link_committer(options, store=store) as committer, pytest.raises(KafkaUnavailableError):
         committer.commit(0, 1, handles)
     assert store.get("restart", 0) is None
 
@@ -115,7 +115,7 @@ def test_a_broker_down_before_the_decision_decides_nothing_and_the_replay_writes
     with KafkaXAResource(options.client_config) as xa:
         assert sorted(t.transactional_id for t in xa.recover(options.id_prefix)) == sorted(
             h.transactional_id for h in handles)  # they survived the kill, still open
-    with Committer(options, store=store) as committer:
+    with link_committer(options, store=store) as committer:
         assert committer.start(owner="q")[1] == -1  # nothing decided; an earlier run's branches stay for now
         ownership = store.claim("restart", "q", run="run-2")  # the replay's first task claims the link
         committer.commit(0, ownership.generation, _prepare(options, topic, ownership.generation))  # Spark's replay

@@ -90,19 +90,19 @@ def test_expired_decided_branch_is_reported_by_epoch_and_branch(kafka_bootstrap,
     assert "--accept-lost 4" in text.stdout
 
     # Every start stops on the lost branch, naming it, until an operator accepts the loss.
-    from lastagent.core.committer import Committer
     from lastagent.errors import DecidedBranchLostError
     from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
+    from lastagent.sinks.link_ports import link_committer
 
     options = KafkaSinkOptions.parse({"kafka.bootstrap.servers": kafka_bootstrap, "link": link,
                                       "arbitrationTable": arb, "checkpointLocation": str(tmp_path / "ckpt")})
-    with Committer(options) as committer, pytest.raises(DecidedBranchLostError, match=handle.transactional_id):
+    with link_committer(options) as committer, pytest.raises(DecidedBranchLostError, match=handle.transactional_id):
         committer.start(owner="q")
     assert lastagent("recover", *common, "--accept-lost", "3").returncode == 2  # no loss there: nothing changes
     accepted = lastagent("recover", *common, "--accept-lost", "4")
     assert accepted.returncode == 0, accepted.stdout + accepted.stderr
     assert "the loss of 1 branch(es), 1 record(s), is accepted" in accepted.stdout
-    with Committer(options) as committer:
+    with link_committer(options) as committer:
         committer.start(owner="q")  # the link goes on
     status = lastagent("status", *common, "--json")
     assert status.returncode == 0, status.stdout + status.stderr

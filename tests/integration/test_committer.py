@@ -10,10 +10,10 @@ import pytest
 from support import read_committed
 
 from lastagent.core.arbitration import ArbitrationRecord
-from lastagent.core.committer import Committer
 from lastagent.errors import DecidedBranchLostError
 from lastagent.kafka.branch import BranchWriter
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
+from lastagent.sinks.link_ports import link_committer
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +50,7 @@ def test_commit_decides_commits_and_rolls_back_superseded(options, kafka_bootstr
     topic = new_topic()
     stale = _branches(options, topic, 1, attempt=1)  # a failed attempt's branch, never reported
     live = _branches(options, topic, 2)
-    with Committer(options) as c:
+    with link_committer(options) as c:
         c.store.claim(c.link, "q")
         record = c.commit(0, 1, live)
         assert len(record.branches) == 2
@@ -61,7 +61,7 @@ def test_commit_decides_commits_and_rolls_back_superseded(options, kafka_bootstr
 
 def test_start_completes_a_decided_epoch_missing_from_spark_commit_log(options, kafka_bootstrap, new_topic):
     topic = new_topic()
-    with Committer(options) as c:
+    with link_committer(options) as c:
         _decide_only(c, 0, _branches(options, topic, 3))  # crash after the arbitration commit
         assert c.start(owner="q")[1] == 0
         assert c.in_doubt() == []
@@ -81,7 +81,7 @@ def test_undecided_branches_are_rolled_back_after_the_runs_claim_and_other_links
     # A link whose name extends this one's: its ids share our prefix, yet they are not ours.
     neighbour = replace(options, link=options.link + "-1")
     theirs = _branches(neighbour, topic, 1)
-    with Committer(options) as c:
+    with link_committer(options) as c:
         _decide_only(c, 0, [])
         undecided = _branches(options, topic, 2)
         assert {t.transactional_id for t, d, _ in c.in_doubt() if d == "rollback"} == {
@@ -94,7 +94,7 @@ def test_undecided_branches_are_rolled_back_after_the_runs_claim_and_other_links
         assert c.store.claim(c.link, "q", run="run-2") == claimed  # its other tasks change nothing
         c.commit(1, claimed.generation, [])
         assert c.in_doubt() == []
-    with Committer(neighbour) as n:
+    with link_committer(neighbour) as n:
         assert [t.transactional_id for t, _, _ in n.in_doubt()] == [theirs[0].transactional_id]
         n.xa.end_all(theirs, commit=False)
     assert read_committed(kafka_bootstrap, topic, 0, timeout_s=3) == []
@@ -103,7 +103,7 @@ def test_undecided_branches_are_rolled_back_after_the_runs_claim_and_other_links
 def test_abort_after_decision_completes_it_and_abort_before_rolls_back(options, kafka_bootstrap, new_topic, tmp_path):
     _query_metadata(tmp_path / "ckpt", "q")
     topic = new_topic()
-    with Committer(options) as c:
+    with link_committer(options) as c:
         decided = _branches(options, topic, 2)
         _decide_only(c, 0, decided)
         c.abort(0, 1, decided)  # the record stands
@@ -123,7 +123,7 @@ def test_abort_rolls_back_what_late_tasks_open_while_it_settles(options, kafka_b
     ``settle_s``, with or without task messages, so nothing of the link stays open after it returns."""
     _query_metadata(tmp_path / "ckpt", "q")
     topic = new_topic()
-    with Committer(options) as c:
+    with link_committer(options) as c:
         c.store.claim(c.link, "q")
         first = _branches(options, topic, 1) if reported else []
         late = threading.Timer(0.5, _branches, (options, topic, 1), {"attempt": 1})
@@ -136,7 +136,7 @@ def test_abort_rolls_back_what_late_tasks_open_while_it_settles(options, kafka_b
 
 def test_expired_decided_branch_fails_loudly_naming_link_epoch_branch(options, new_topic):
     topic = new_topic()
-    with Committer(options) as c:
+    with link_committer(options) as c:
         handles = _branches(options, topic, 1, timeout_ms=1000)
         _decide_only(c, 4, handles)
         deadline = time.monotonic() + 60

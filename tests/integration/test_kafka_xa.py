@@ -13,9 +13,11 @@ import pytest
 from support import read_committed
 
 from lastagent import redact
+from lastagent.core.branch_handle import BranchHandle
+from lastagent.core.kafka_port import EndOutcome
 from lastagent.errors import BranchError, TransactionFailed
-from lastagent.kafka.branch import BranchHandle, BranchWriter
-from lastagent.kafka.xa import EndOutcome, KafkaXAResource
+from lastagent.kafka.branch import BranchWriter
+from lastagent.kafka.xa import KafkaXAResource
 
 pytestmark = pytest.mark.integration
 

@@ -16,10 +16,11 @@ from support import in_sync, read_committed
 
 from lastagent import faults
 from lastagent.core.arbitration import InMemoryArbitrationStore
-from lastagent.core.committer import Committer
+from lastagent.core.kafka_port import EndOutcome
 from lastagent.kafka.branch import BranchWriter
-from lastagent.kafka.xa import EndOutcome, KafkaXAResource
+from lastagent.kafka.xa import KafkaXAResource
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
+from lastagent.sinks.link_ports import link_committer
 
 pytestmark = pytest.mark.kafka_cluster
 
@@ -76,7 +77,7 @@ def test_phase_2_rides_through_the_coordinator_killed_after_the_decision(kafka_c
 
     faults.install(kill_the_coordinator)
     try:
-        with Committer(options, store=store) as committer:
+        with link_committer(options, store=store) as committer:
             committer.commit(0, generation, handles)  # decided, then phase 2 through the failover
             assert killed == [coordinator]
             assert committer.in_doubt() == []

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from lastagent.core import batch_epoch as be
+from lastagent.core.branch_handle import BranchHandle
 from lastagent.core.protocol import Branch
 from lastagent.errors import ArbitrationError
-from lastagent.kafka.branch import BranchHandle
 
 pytestmark = pytest.mark.unit
 

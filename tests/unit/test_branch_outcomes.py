@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lastagent.kafka.branch import BranchHandle
+from lastagent.core.branch_handle import BranchHandle
 from lastagent.kafka.xa import KafkaXAResource
 
 pytestmark = pytest.mark.unit

@@ -15,6 +15,7 @@ from lastagent.core.arbitration import (
     decision_metadata,
     figures_in_history,
 )
+from lastagent.core.branch_handle import BranchHandle
 from lastagent.core.committer import Committer
 from lastagent.core.figures import (
     EpochFigures,
@@ -25,8 +26,7 @@ from lastagent.core.figures import (
     oldest_age_ms,
     run_figures,
 )
-from lastagent.kafka.branch import BranchHandle
-from lastagent.kafka.xa import EndOutcome, EndResult, OpenTransaction
+from lastagent.core.kafka_port import EndOutcome, EndResult, OpenTransaction
 from lastagent.sinks.epoch_timings import keep_timings, previous_timings
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 

@@ -146,7 +146,7 @@ def test_a_writer_that_skipped_query_start_refuses_to_write():
 
 
 def test_checkpoint_reads_fail_closed(tmp_path):
-    from lastagent.core import checkpoint
+    from lastagent import spark_checkpoint as checkpoint
 
     assert checkpoint.committed_through(str(tmp_path / "new")) == -1
     (tmp_path / "c" / "commits").mkdir(parents=True)

@@ -40,11 +40,11 @@ import pytest
 
 from lastagent.core import protocol, xid
 from lastagent.core.arbitration import ArbitrationRecord, Decision, Ownership, next_ownership
+from lastagent.core.branch_handle import BranchHandle
 from lastagent.core.committer import Committer
+from lastagent.core.kafka_port import EndOutcome, EndResult, OpenTransaction
 from lastagent.core.protocol import Branch, CommitBranch, FinishEpoch, FollowDecision, RollbackBranch, WriteDecision
 from lastagent.errors import DecidedBranchLostError, EpochNotDecidedError, StaleOwnerError
-from lastagent.kafka.branch import BranchHandle
-from lastagent.kafka.xa import EndOutcome, EndResult, OpenTransaction
 from lastagent.sinks.kafka_sink_options import KafkaSinkOptions
 from lastagent.sinks.query_run import Started, shipped, task_generation
 
