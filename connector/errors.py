@@ -1,17 +1,42 @@
 """Every exception lastagent raises on purpose, in one hierarchy under :class:`LastAgentError`.
 
-Every message stands alone and names what to change. This module imports nothing of lastagent at run time, so any
-module raises from it; the ones users catch most are exported from :mod:`lastagent` too.
+Every message stands alone and names what to change. This module imports nothing of lastagent, so any module
+raises from it; the ones users catch most are exported from :mod:`lastagent` too.
 """
 
 from __future__ import annotations
 
 import pickle
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:  # a type only: this module imports nothing of lastagent at run time
-    from lastagent.kafka.branch import RefusedRecord
+
+class Refusal(Protocol):
+    """A record the broker refused, as :class:`TransactionFailed` carries it (no contents):
+    :class:`lastagent.kafka.branch.RefusedRecord`."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int | None: ...
+    @property
+    def index(self) -> int | None: ...
+    @property
+    def key(self) -> str: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def error(self) -> str: ...
+    @property
+    def text(self) -> str: ...
+
+    def position(self) -> str:
+        """Where the record is: its index in the branch, topic and partition."""
+        ...
+
+    def describe(self) -> str:
+        """Its position, the broker's reason and what to change."""
+        ...
 
 
 class LastAgentError(Exception):
@@ -98,7 +123,7 @@ class TransactionFailed(BranchError):
         aborted: whether the branch was aborted before this was raised.
     """
 
-    def __init__(self, message: str, refused: Sequence[RefusedRecord] = (), failed: int = 0, dropped: int = 0,
+    def __init__(self, message: str, refused: Sequence[Refusal] = (), failed: int = 0, dropped: int = 0,
                  aborted: bool = False) -> None:
         super().__init__(message)
         self.refused = tuple(refused)

@@ -1,4 +1,4 @@
-"""How logs and errors name a record without showing its contents. Pure, no I/O.
+"""How logs and errors name a record without showing its contents, and a secret without showing it. Pure, no I/O.
 
 Nothing of a record's key, value or headers goes into a log line or an exception message
 (docs/design.md: no payload in logs). A record is named by its position (topic, partition, offset,
@@ -10,6 +10,7 @@ can find the record with ``hashlib.sha256(key).hexdigest()[:12]`` without the lo
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass, field
 
 #: Hex digits of the SHA-256 shown: enough to find a record among millions, too few to guess it back.
 DIGEST_HEX = 12
@@ -24,3 +25,16 @@ def digest(data: bytes | bytearray | str) -> str:
 def key_label(key: bytes | bytearray | str | None) -> str:
     """How a record's key is shown: ``key sha256:<12 hex>``, or ``null key``."""
     return "null key" if key is None else f"key {digest(key)}"
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A password or key text: compared and pickled as usual, never shown."""
+
+    value: str = field(repr=False)
+
+    def __repr__(self) -> str:
+        return "Secret(***)"
+
+    def __str__(self) -> str:
+        return "***"

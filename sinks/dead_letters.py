@@ -29,8 +29,7 @@ from typing import Any
 import pyarrow as pa
 
 from lastagent import redact
-
-HEADER_PREFIX = "lastagent.dlq."
+from lastagent.delta.dead_letter_table import HEADER_PREFIX
 
 
 def _json_default(value: Any) -> Any:
@@ -107,34 +106,6 @@ def dead_letter(row: pa.RecordBatch | dict[str, Any], reason: str, error: BaseEx
         if name in row and row[name] is not None:
             headers.append((HEADER_PREFIX + "source." + name, str(row[name]).encode()))
     return key, value, headers
-
-
-#: Rows of the dead-letter table (option ``deadLetterTable``): the record and why it failed.
-TABLE_SCHEMA = pa.schema([
-    pa.field("key", pa.binary()), pa.field("value", pa.binary()),
-    pa.field("headers", pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))),
-    pa.field("reason", pa.string()), pa.field("exception", pa.string()),
-    pa.field("failed_at", pa.timestamp("us", tz="UTC")),
-    pa.field("source_topic", pa.string()), pa.field("source_partition", pa.int32()),
-    pa.field("source_offset", pa.int64()), pa.field("link", pa.string()), pa.field("epoch", pa.int64()),
-])
-
-
-def table_row(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes | None]]) -> dict[str, Any]:
-    """A dead-letter table row from the (key, value, headers) of :func:`dead_letter`."""
-    meta = {k[len(HEADER_PREFIX):]: v.decode() for k, v in headers if k.startswith(HEADER_PREFIX) and v is not None}
-
-    def num(name: str) -> int | None:
-        return int(meta[name]) if name in meta else None
-
-    return {
-        "key": key, "value": value,
-        "headers": [{"key": k, "value": v} for k, v in headers if not k.startswith(HEADER_PREFIX)] or None,
-        "reason": meta.get("reason"), "exception": meta.get("exception"),
-        "failed_at": dt.datetime.fromtimestamp(int(meta["time"]) / 1000, dt.timezone.utc),
-        "source_topic": meta.get("source.topic"), "source_partition": num("source.partition"),
-        "source_offset": num("source.offset"), "link": meta.get("link"), "epoch": num("epoch"),
-    }
 
 
 def filter_headers(batch: pa.RecordBatch, keep: tuple[str, ...], drop: tuple[str, ...]) -> pa.RecordBatch:

@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from lastagent.core.branch_handle import BranchHandle
+from lastagent.delta import dead_letter_table
 from lastagent.delta.files import FileWriter
 from lastagent.errors import DeadLetterError, RecordTooLarge, TransactionFailed
 from lastagent.kafka.branch import BranchWriter
@@ -171,7 +172,7 @@ class TaskOutputs:
             raise DeadLetterError(f"{where} failed ({reason}: {shown}) in task {self.task}, and "
                                                f"{refused}; nothing was committed for this batch")
         # The next link of the chain: a row for the dead-letter table, committed after the epoch's decision.
-        self._table_rows.append(dead_letters.table_row(key, value, headers))
+        self._table_rows.append(dead_letter_table.table_row(key, value, headers))
         self.dead += 1
         log.warning("link %s epoch %d: %s goes to dead-letter table %s (%s: %s)%s", opts.link, self.epoch, where,
                     opts.dead_letter_table, reason, shown[:300], f"; {refused}" if refused else "")
@@ -180,7 +181,7 @@ class TaskOutputs:
 
     def _flush_table_rows(self) -> None:
         if self._table_rows and self.table_files is not None:
-            self.table_files.write(pa.RecordBatch.from_pylist(self._table_rows, schema=dead_letters.TABLE_SCHEMA))
+            self.table_files.write(pa.RecordBatch.from_pylist(self._table_rows, schema=dead_letter_table.TABLE_SCHEMA))
             self._table_rows = []
 
     def table_adds(self) -> list[dict[str, Any]]:

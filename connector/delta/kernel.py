@@ -24,9 +24,9 @@ from lastagent.errors import ArbitrationError
 
 
 def _native() -> Any:
-    from lastagent import _native
+    import lastagent._native as native
 
-    return _native
+    return native
 
 
 def _outcome(outcome: tuple[str, int], what: str, where: str) -> int:

@@ -549,7 +549,7 @@ class TargetTableStore:
         from deltalake import DeltaTable, Schema
         from deltalake.exceptions import TableNotFoundError
 
-        from lastagent.sinks.dead_letters import TABLE_SCHEMA
+        from lastagent.delta.dead_letter_table import TABLE_SCHEMA
 
         dead = self._dead_where
         assert dead is not None, "dead_letter_table is set"

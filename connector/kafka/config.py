@@ -26,7 +26,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lastagent.errors import OptionError
-from lastagent.kafka.oauth import tokens
+from lastagent.kafka.oauth import OAuth, tokens
+from lastagent.redact import Secret
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
@@ -123,19 +124,6 @@ def access_hint(error_name: str) -> str | None:
 
 
 @dataclass(frozen=True)
-class Secret:
-    """A password or key text: compared and pickled as usual, never shown."""
-
-    value: str = field(repr=False)
-
-    def __repr__(self) -> str:
-        return "Secret(***)"
-
-    def __str__(self) -> str:
-        return "***"
-
-
-@dataclass(frozen=True)
 class Store:
     """Trust or key material in one of the forms both libraries can be given.
 
@@ -154,26 +142,6 @@ class Store:
     text: Secret | None = None
     key: Secret | None = None
     password: Secret | None = None
-
-
-@dataclass(frozen=True)
-class OAuth:
-    """Where an OAUTHBEARER login gets its tokens (never a token itself; :mod:`lastagent.kafka.oauth` fetches them).
-
-    Either an OIDC client-credentials grant (``endpoint``, ``client_id``, ``client_secret``, ``scope``),
-    as the Java client's ``OAuthBearerLoginCallbackHandler`` does, or ``provider``: the user's Python
-    function (``package.module:function``) for tokens they sign themselves (AWS MSK IAM).
-    """
-
-    endpoint: str | None = None
-    client_id: str | None = None
-    client_secret: Secret | None = None
-    scope: str | None = None
-    extensions: tuple[tuple[str, str], ...] = ()
-    provider: str | None = None
-    sub_claim: str = "sub"
-    connect_timeout_ms: int = 10_000
-    read_timeout_ms: int = 10_000
 
 
 @dataclass(frozen=True)

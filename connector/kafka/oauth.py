@@ -1,6 +1,6 @@
 """OAUTHBEARER tokens for every Kafka client of one process: fetched once, shared, renewed before expiry.
 
-Driver or executor. A :class:`~lastagent.kafka.config.OAuth` login says where tokens come from: an
+Driver or executor. An :class:`OAuth` login says where tokens come from: an
 OIDC token endpoint (the OAuth 2.0 client-credentials grant, RFC 6749 §4.4, as the Java client's
 ``OAuthBearerLoginCallbackHandler`` asks it) or the user's own function
 (``kafka.sasl.oauthbearer.token.provider``, for tokens signed locally such as AWS MSK IAM's). Each of
@@ -25,18 +25,38 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lastagent.errors import TokenError
-
-if TYPE_CHECKING:  # only a type here: config.py imports this module for tokens(), so no import back at run time
-    from lastagent.kafka.config import OAuth
+from lastagent.redact import Secret
 
 #: A token is renewed when less than this share of its life is left; librdkafka asks again at 80% of a
 #: token's life (20% left), so it always gets a new one then.
 RENEW_AT_LEFT = 0.25
 #: Tries of the token endpoint per token (connection failures and 5xx answers), with backoff.
 ENDPOINT_TRIES = 3
+
+
+@dataclass(frozen=True)
+class OAuth:
+    """Where an OAUTHBEARER login gets its tokens (never a token itself; :class:`Tokens` fetches them).
+
+    Either an OIDC client-credentials grant (``endpoint``, ``client_id``, ``client_secret``, ``scope``),
+    as the Java client's ``OAuthBearerLoginCallbackHandler`` does, or ``provider``: the user's Python
+    function (``package.module:function``) for tokens they sign themselves (AWS MSK IAM).
+    """
+
+    endpoint: str | None = None
+    client_id: str | None = None
+    client_secret: Secret | None = None
+    scope: str | None = None
+    extensions: tuple[tuple[str, str], ...] = ()
+    provider: str | None = None
+    sub_claim: str = "sub"
+    connect_timeout_ms: int = 10_000
+    read_timeout_ms: int = 10_000
+
+
 _BACKOFF_S = 0.5
 
 

@@ -9,6 +9,7 @@ import json
 import pyarrow as pa
 import pytest
 
+from lastagent.delta import dead_letter_table
 from lastagent.delta.files import _Stats, file_name, parse_file_name, partition_value
 from lastagent.delta.target_table import schema_diff
 from lastagent.errors import OptionError
@@ -165,8 +166,8 @@ def test_header_filters_keep_or_drop_named_keys():
 def test_dead_letter_table_row_carries_the_reason_columns():
     row = {"key": b"k", "value": b"v", "topic": "in", "partition": 2, "offset": 9,
            "headers": [{"key": "trace", "value": b"t1"}]}
-    out = dead_letters.table_row(*dead_letters.dead_letter(row, "conversion-failed", "bad cast", "orders", 4))
-    batch = pa.RecordBatch.from_pylist([out], schema=dead_letters.TABLE_SCHEMA)
+    out = dead_letter_table.table_row(*dead_letters.dead_letter(row, "conversion-failed", "bad cast", "orders", 4))
+    batch = pa.RecordBatch.from_pylist([out], schema=dead_letter_table.TABLE_SCHEMA)
     got = batch.to_pylist()[0]
     assert (got["key"], got["value"], got["reason"], got["exception"]) == (b"k", b"v", "conversion-failed", "bad cast")
     assert (got["source_topic"], got["source_partition"], got["source_offset"], got["link"], got["epoch"]) == (
