@@ -8,12 +8,11 @@
 * A run's first tasks claim the link's next generation for Spark's run id, once per run, in the
   table's properties; that epoch's commit then rolls back what earlier runs left undecided and
   deletes the data files no decision references.
-* ``write`` runs on executors, one task attempt at a time: headers filter, transformer, cast to
-  the table's schema, the table's row rules (generated columns, NOT NULL, CHECK constraints:
-  :mod:`lastagent.sinks.table_rows`, worked out at start by :mod:`lastagent.delta.features`,
-  which refuses a feature the sink does not write), parquet files under the table root (physical
-  names for a column-mapped table; not yet visible), side-topic and
-  dead-letter records in a Kafka branch flushed and left open (prepared). The commit message
+* ``write`` runs on executors, one task attempt at a time, and feeds the task's row chain
+  (:class:`lastagent.sinks.row_chain.RowChain`: parse, transform, conform, check against the table's
+  row rules worked out at start by :mod:`lastagent.delta.features`, dead letters, file): parquet
+  files under the table root (physical names for a column-mapped table; not yet visible), side-topic
+  and dead-letter records in a Kafka branch flushed and left open (prepared). The commit message
   holds the files' add actions and the branch handle.
 * ``commit`` runs on the driver: one Delta commit with every add action, ``txn(link, epoch)``
   and the arbitration record decides the epoch; the Kafka branches commit after it.
@@ -38,8 +37,8 @@ from lastagent.core.figures import EpochFigures
 from lastagent.delta.features import TableRules
 from lastagent.delta.files import FileWriter, delta_arrow_schema, physical_fields
 from lastagent.delta.target_table import StagedEpoch, TargetTableStore, schema_diff, schema_error
-from lastagent.groups.refusals import split_refused, strip_refusal_columns
-from lastagent.sinks import dead_letters, transformer
+from lastagent.groups.refusals import strip_refusal_columns
+from lastagent.sinks import transformer
 from lastagent.sinks.delta_sink_options import DeltaSinkOptions
 from lastagent.sinks.epoch_timings import keep_timings, previous_timings
 from lastagent.sinks.query_run import (
@@ -54,7 +53,8 @@ from lastagent.sinks.query_run import (
     task_generation,
     task_run,
 )
-from lastagent.sinks.table_rows import IdentityValues, RowChecker
+from lastagent.sinks.row_chain import RowChain
+from lastagent.sinks.table_rows import IdentityValues
 from lastagent.sinks.task_outputs import TaskOutputs
 from lastagent.spark_api import StreamWriter, arrow_input, require_arrow_input
 from lastagent.storage import require_reachable
@@ -229,7 +229,6 @@ class DeltaStreamWriter(StartsWhenShipped, StreamWriter):
             return DeltaMessage(epoch, generation, partition, attempt, (), None, None, first_of_run=first)
         opts = self.options
         faults.point("before_files")
-        fn = transformer.load(opts.transformer) if opts.transformer else None
         target = None
         if self.table_schema_json is not None:
             from deltalake import Schema
@@ -239,45 +238,17 @@ class DeltaStreamWriter(StartsWhenShipped, StreamWriter):
         if self.rules.column_mapping != "none":
             assert target is not None and self.table_schema_json is not None, "column mapping: the table exists"
             physical = physical_fields(target, self.table_schema_json)
-        # One checker per set of columns the rows carry (a transformer may vary it): a generated
-        # column the rows lack is computed, one they carry is checked.
-        checkers: dict[tuple[str, ...], RowChecker] = {}
-        identity = IdentityValues(self.rules.identity, partition) if self.rules.identity else None
-        # Spark passes its SQL settings to a query's tasks; expressions that depend on the time zone
-        # are evaluated only when it is UTC (an unknown zone refuses them).
-        time_zone = ctx.getLocalProperty("spark.sql.session.timeZone") or "unknown"
         files = FileWriter(opts.path, opts.link, generation, epoch, partition, attempt, self.partition_by,
                            opts.target_file_bytes, storage=opts.storage, physical=physical)
         outputs = TaskOutputs(opts, epoch, generation, partition, attempt)
+        # Spark passes its SQL settings to a query's tasks; expressions that depend on the time zone
+        # are evaluated only when it is UTC (an unknown zone refuses them).
+        chain = RowChain(opts, self.rules, target, files, outputs,
+                         IdentityValues(self.rules.identity, partition) if self.rules.identity else None,
+                         ctx.getLocalProperty("spark.sql.session.timeZone") or "unknown")
         try:
             for incoming in arrow_input(iterator, self.schema):
-                kept = dead_letters.filter_headers(incoming, opts.keep_headers, opts.drop_headers)
-                batch, refused = split_refused(kept)
-                for row, rule, reason in refused:
-                    outputs.dead_letter(row, rule, reason)
-                out = [batch]
-                if fn is not None:
-                    out, failed = transformer.apply(fn, batch)
-                    for f in failed:
-                        outputs.dead_letter(f.row, f.reason, f.error)
-                for produced in out:
-                    b = produced.cast(delta_arrow_schema(produced.schema)) if target is None else produced
-                    # The first batch fixes the schema of a new table for the rest of the task.
-                    target = target if target is not None else b.schema
-                    ok, failed = transformer.conform(b, target, opts.merge_schema)
-                    for f in failed:
-                        outputs.dead_letter(f.row, f.reason, f.error)
-                    for conformed in ok:
-                        good = conformed
-                        if self.rules.rows_checked:
-                            given = tuple(b.schema.names)
-                            if given not in checkers:
-                                checkers[given] = RowChecker(self.rules, target, given, time_zone, identity)
-                            good, broken = checkers[given].apply(conformed)
-                            for f in broken:
-                                outputs.dead_letter(f.row, f.reason, f.error)
-                        files.write(good)
-                        outputs.side(good)
+                chain.feed(incoming)
                 faults.point("task_mid_write")
             adds = files.close()
             table_adds = outputs.table_adds()
