@@ -228,7 +228,8 @@ soak: setup kafka-up
 	$(PYTHON) dev/soak.py --kills $(KILLS) --seed $(SEED) --report .cache/soak-$(SEED).json --workdir .cache/soak $(SOAK_ARGS)
 
 # A link's age (issue "a year of epochs"): a Kafka -> Kafka link for BENCH_EPOCHS epochs (default 20,000, about two
-# hours here), the first and last 1,000 epochs' times, restarts, files on disk (docs/benchmarks.md).
+# hours here), the first and last 1,000 epochs' times, restarts, files on disk (docs/benchmarks.md). BENCH_LINK picks
+# another link: kafka-delta, delta-kafka or block.
 bench-long-run: setup kafka-up
 	cd bench && ../$(PYTHON) long_run.py | tee ../.cache/bench-long-run.json
 

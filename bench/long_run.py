@@ -1,7 +1,9 @@
 """A link's age: does its millionth epoch cost what its first did? A `lastagent-kafka` -> `lastagent-kafka` link
 (one input and one output partition, 5 records an epoch, `trigger(availableNow=True)` with maxOffsetsPerTrigger=5)
 for BENCH_EPOCHS epochs in one run, then a restart; with BENCH_LINK=kafka-delta, a `lastagent-kafka` ->
-`lastagent-delta` link the same way (its target table in the arbitration table's place).
+`lastagent-delta` link the same way (its target table in the arbitration table's place); with
+BENCH_LINK=delta-kafka, a Delta table (one commit of 5 rows per epoch, written with deltalake, read by Spark's Delta
+source one file per micro-batch) -> `lastagent-kafka`; with BENCH_LINK=block, the epoch block.
 
 Measured, from Spark's own progress events (a StreamingQueryListener on the driver): the median epoch time
 (`batchDuration`) of the first and of the last BENCH_WINDOW epochs and their ratio; the time from `start()` to the
@@ -38,7 +40,8 @@ os.environ.setdefault("LASTAGENT_DELTA_LOG_CUTOFF", "minute")  # before Spark st
 from lastagent.spark_session import local_session
 
 #: "kafka-kafka" (a `lastagent-kafka` sink and its arbitration table), "kafka-delta" (a `lastagent-delta` sink:
-#: the target table is the arbitration store; its data files grow with the rows, its log must not) or "block" (the
+#: the target table is the arbitration store; its data files grow with the rows, its log must not), "delta-kafka"
+#: (Spark's Delta source into a `lastagent-kafka` sink: `lastagent.examples.delta_to_kafka`) or "block" (the
 #: examples' `lastagent.epoch` MERGE with an event per change: `lastagent.examples.merge_changes`).
 LINK = os.environ.get("BENCH_LINK", "kafka-kafka")
 EPOCHS = int(os.environ.get("BENCH_EPOCHS", "20000"))
@@ -76,6 +79,16 @@ class Progress:
                 pass
 
         return Listener()
+
+
+def _append(table: str, first: int, count: int) -> None:
+    """The Delta source's records: one commit of PER_EPOCH rows per epoch (Spark reads one file per micro-batch)."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    for start in range(first, first + count, PER_EPOCH):
+        ids = [str(i) for i in range(start, start + PER_EPOCH)]
+        write_deltalake(table, pa.table({"key": ids, "value": ids}), mode="append")
 
 
 def _produce(topic: str, first: int, count: int) -> None:
@@ -120,10 +133,14 @@ def main() -> int:
     total = WINDOW + EPOCHS + restart_epochs
     with tempfile.TemporaryDirectory() as work:
         arb, ckpt = Path(work, "arb"), Path(work, "ckpt")
+        source_table = str(Path(work, "source"))
 
         def run(epochs: int) -> tuple[float, float]:
             """Produces ``epochs`` epochs' records, runs the query through them; (s to the first epoch, s in all)."""
-            _produce(source, run.produced, epochs * PER_EPOCH)  # type: ignore[attr-defined]
+            if LINK == "delta-kafka":
+                _append(source_table, run.produced, epochs * PER_EPOCH)  # type: ignore[attr-defined]
+            else:
+                _produce(source, run.produced, epochs * PER_EPOCH)  # type: ignore[attr-defined]
             run.produced += epochs * PER_EPOCH  # type: ignore[attr-defined]
             before = len(progress.epochs)
             if LINK == "block":
@@ -131,6 +148,12 @@ def main() -> int:
 
                 start = time.time()
                 query = merge_changes(spark, BOOTSTRAP, source, target, str(arb), str(ckpt), link, str(PER_EPOCH))
+                return _timed(query, before, epochs, start)
+            if LINK == "delta-kafka":
+                from lastagent.examples import delta_to_kafka
+
+                start = time.time()
+                query = delta_to_kafka(spark, BOOTSTRAP, source_table, str(ckpt), str(arb), link, target)
                 return _timed(query, before, epochs, start)
             rows = (spark.readStream.format("lastagent-kafka").option("kafka.bootstrap.servers", BOOTSTRAP)
                     .option("subscribe", source).option("startingOffsets", "earliest")
@@ -181,6 +204,7 @@ def main() -> int:
     summary = {
         "link": {"kafka-kafka": "lastagent-kafka -> lastagent-kafka",
                  "kafka-delta": "lastagent-kafka -> lastagent-delta",
+                 "delta-kafka": "Spark's Delta source -> lastagent-kafka",
                  "block": "lastagent-kafka -> foreachBatch with lastagent.epoch (MERGE, an event per change)"}[LINK],
         "epochs": len(durations), "records_per_epoch": PER_EPOCH,
         "first_window_median_ms": first, "last_window_median_ms": last, "window": WINDOW,
@@ -188,7 +212,7 @@ def main() -> int:
         "restart_to_first_epoch_s": {f"after {WINDOW} epochs": round(early_restart, 2),
                                      f"after {WINDOW + EPOCHS} epochs": round(late_restart, 2)},
         "restart_ratio": round(late_restart / early_restart, 3),
-        ("arbitration_table_at_end" if LINK == "kafka-kafka" else "target_table_at_end"): files,
+        ("target_table_at_end" if LINK in ("kafka-delta", "block") else "arbitration_table_at_end"): files,
         "query_checkpoint_files_at_end": checkpoint_files,
         "log_retention": LOG_RETENTION, "every_record_once": once, "records": sum(seen.values()),
     }
