@@ -185,7 +185,7 @@ class Epoch:
         self.options = BlockOptions(self.link, self.client, self.timeout_ms, self.storage)
         self.generation = -1
         self.entry: be.Entry | None = None
-        self.prepared: list[Any] = []  # BranchHandle
+        self.prepared: list[BranchHandle] = []
         self._committer: Committer | None = None  # made on first use, closed on leaving
         self._failed: EpochNotDecidedError | None = None  # a to_kafka call's branches could not be decided
         self._calls = 0
@@ -377,7 +377,7 @@ class Epoch:
             self._committer = self._committer_for(self._run_id())
         return self._committer
 
-    def _require_time_left(self, handles: list[Any]) -> None:
+    def _require_time_left(self, handles: list[BranchHandle]) -> None:
         """The sinks' rule before a decision (:meth:`Committer.require_time_left`). Driver.
 
         The block's decision is the body's Delta write, after this; a branch that expires before that write
