@@ -35,7 +35,7 @@ from lastagent.core import protocol
 from lastagent.core.branch_handle import BranchHandle
 from lastagent.core.figures import EpochFigures
 from lastagent.delta.features import TableRules
-from lastagent.delta.files import FileWriter, delta_arrow_schema, physical_fields
+from lastagent.delta.files import FileWriter, arrow_schema, delta_arrow_schema, delta_schema_json, physical_fields
 from lastagent.delta.target_table import StagedEpoch, TargetTableStore, schema_diff, schema_error
 from lastagent.groups.refusals import strip_refusal_columns
 from lastagent.sinks import transformer
@@ -78,12 +78,6 @@ class DeltaMessage(WriterCommitMessage):
     dead_letter_adds: tuple[str, ...] = ()
     first_of_run: bool = False  # the task's run claimed the link in this epoch
     rules: TableRules = TableRules()  # what the task did to the rows, for the table as read at the epoch's start
-
-
-def _delta_schema_json(schema: pa.Schema) -> str:
-    from deltalake import Schema
-
-    return Schema.from_arrow(delta_arrow_schema(schema)).to_json()
 
 
 class DeltaStreamWriter(StartsWhenShipped, StreamWriter):
@@ -230,10 +224,8 @@ class DeltaStreamWriter(StartsWhenShipped, StreamWriter):
         opts = self.options
         faults.point("before_files")
         target = None
-        if self.table_schema_json is not None:
-            from deltalake import Schema
-
-            target = delta_arrow_schema(pa.schema(Schema.from_json(self.table_schema_json).to_arrow()))
+        if self.table_schema_json is not None:  # no Delta library on executors
+            target = delta_arrow_schema(arrow_schema(self.table_schema_json))
         physical = None
         if self.rules.column_mapping != "none":
             assert target is not None and self.table_schema_json is not None, "column mapping: the table exists"
@@ -263,7 +255,7 @@ class DeltaStreamWriter(StartsWhenShipped, StreamWriter):
                             epoch, partition, attempt, exc)
             raise
         faults.point("after_files")
-        schema_json = _delta_schema_json(files.schema) if files.schema is not None else None
+        schema_json = delta_schema_json(delta_arrow_schema(files.schema)) if files.schema is not None else None
         return DeltaMessage(epoch, generation, partition, attempt, tuple(json.dumps(a) for a in adds),
                             schema_json,
                             None if handle is None else handle.to_json(), files.rows, outputs.dead,

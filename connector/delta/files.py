@@ -49,6 +49,113 @@ def parse_file_name(name: str) -> tuple[str, int, int, int, int] | None:
     return m["link"], int(m["generation"]), int(m["epoch"]), int(m["partition"]), int(m["attempt"])
 
 
+#: Delta's primitive types as Arrow types, as Delta readers (delta-rs, Delta Kernel) map them.
+_PRIMITIVES: dict[str, pa.DataType] = {
+    "string": pa.string(), "long": pa.int64(), "integer": pa.int32(), "short": pa.int16(), "byte": pa.int8(),
+    "float": pa.float32(), "double": pa.float64(), "boolean": pa.bool_(), "binary": pa.binary(), "date": pa.date32(),
+    "timestamp": pa.timestamp("us", tz="UTC"), "timestamp_ntz": pa.timestamp("us"),
+}
+_DECIMAL = re.compile(r"decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)")
+
+
+def arrow_schema(schema_json: str) -> pa.Schema:
+    """A Delta table's schema (its ``metaData.schemaString``) as an Arrow schema. Executor and driver, no Delta library.
+
+    Delta's types map as delta-rs and Delta Kernel map them: timestamps to microseconds (``timestamp`` UTC-adjusted),
+    ``date`` to ``date32``, ``decimal(p,s)`` to ``decimal128``, arrays to lists of ``element``, maps to Arrow maps
+    (their keys not null), ``variant`` to its struct of ``metadata`` and ``value``; a field keeps its nullability and
+    its metadata (values that are not strings as their JSON text).
+
+    Raises:
+        ValueError: a type this mapping does not know, naming it.
+    """
+    def metadata(d: dict[str, Any]) -> dict[str, str] | None:
+        meta = d.get("metadata") or {}
+        return {k: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()} or None
+
+    def field(d: dict[str, Any]) -> pa.Field:
+        return pa.field(d["name"], kind(d["type"]), bool(d.get("nullable", True)), metadata=metadata(d))
+
+    def kind(t: Any) -> pa.DataType:
+        if isinstance(t, str):
+            if t in _PRIMITIVES:
+                return _PRIMITIVES[t]
+            if (m := _DECIMAL.fullmatch(t)) is not None:
+                return pa.decimal128(int(m.group(1)), int(m.group(2)))
+            if t == "variant":
+                return pa.struct([pa.field("metadata", pa.binary(), False), pa.field("value", pa.binary(), False)])
+            raise ValueError(f"Delta type {t!r} has no Arrow mapping here")
+        if t["type"] == "struct":
+            return pa.struct([field(f) for f in t["fields"]])
+        if t["type"] == "array":
+            return pa.list_(pa.field("element", kind(t["elementType"]), bool(t.get("containsNull", True))))
+        if t["type"] == "map":
+            return pa.map_(pa.field("key", kind(t["keyType"]), False),
+                           pa.field("value", kind(t["valueType"]), bool(t.get("valueContainsNull", True))))
+        raise ValueError(f"Delta type {t['type']!r} has no Arrow mapping here")
+
+    return pa.schema([field(f) for f in json.loads(schema_json)["fields"]])
+
+
+def delta_schema_json(schema: pa.Schema) -> str:
+    """An Arrow schema as a Delta schema (``schemaString`` JSON), as delta-rs maps it. Executor, no Delta library.
+
+    Integers of either sign to the Delta integer of their width, every string and binary form to ``string`` and
+    ``binary``, dictionaries to their values' type, dates to ``date``, timestamps in UTC to ``timestamp`` and
+    without a zone to ``timestamp_ntz``, ``decimal128`` to ``decimal(p,s)``, every list form to ``array``, Arrow's
+    null type to ``void``; field metadata as strings.
+
+    Raises:
+        ValueError: a type Delta cannot hold (half floats, times, durations, ``decimal256``, timestamps in another
+            zone, in nanoseconds, or without a zone in other units than microseconds), naming the column.
+    """
+    def field(f: pa.Field, where: str) -> dict[str, Any]:
+        meta = {k.decode(): v.decode() for k, v in (f.metadata or {}).items()}
+        return {"name": f.name, "type": kind(f.type, f"{where}{f.name}"), "nullable": f.nullable, "metadata": meta}
+
+    def kind(t: pa.DataType, where: str) -> Any:
+        if pa.types.is_dictionary(t):
+            return kind(t.value_type, where)
+        for test, name in _ARROW_KINDS:
+            if test(t):
+                return name
+        if pa.types.is_timestamp(t) and (t.tz == "UTC" and t.unit != "ns" or t.tz is None and t.unit == "us"):
+            return "timestamp" if t.tz else "timestamp_ntz"
+        if pa.types.is_decimal128(t):
+            return f"decimal({t.precision},{t.scale})"
+        if isinstance(t, (pa.ListType, pa.LargeListType, pa.FixedSizeListType, pa.ListViewType, pa.LargeListViewType)):
+            return {"type": "array", "elementType": kind(t.value_type, f"{where}."),
+                    "containsNull": t.value_field.nullable}
+        if pa.types.is_map(t):
+            return {"type": "map", "keyType": kind(t.key_type, f"{where}."), "valueType": kind(t.item_type, f"{where}."),
+                    "valueContainsNull": t.item_field.nullable}
+        if pa.types.is_struct(t):
+            return {"type": "struct", "fields": [field(t.field(i), f"{where}.") for i in range(t.num_fields)]}
+        raise ValueError(f"column '{where}': Arrow type {t} has no Delta type (Delta holds no half floats, times, "
+                         "durations or decimals over 38 digits, and timestamps in UTC or, without a zone, in "
+                         "microseconds)")
+
+    fields = [field(f, "") for f in schema]
+    return json.dumps({"type": "struct", "fields": fields}, separators=(",", ":"))
+
+
+#: Arrow type tests and the Delta primitive each maps to (delta-rs's mapping; the sign of an integer is dropped).
+_ARROW_KINDS: tuple[tuple[Any, str], ...] = (
+    (lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t), "string"),
+    (lambda t: (pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t)
+                or pa.types.is_fixed_size_binary(t)), "binary"),
+    (lambda t: pa.types.is_int8(t) or pa.types.is_uint8(t), "byte"),
+    (lambda t: pa.types.is_int16(t) or pa.types.is_uint16(t), "short"),
+    (lambda t: pa.types.is_int32(t) or pa.types.is_uint32(t), "integer"),
+    (lambda t: pa.types.is_int64(t) or pa.types.is_uint64(t), "long"),
+    (pa.types.is_float32, "float"),
+    (pa.types.is_float64, "double"),
+    (pa.types.is_boolean, "boolean"),
+    (pa.types.is_date, "date"),
+    (pa.types.is_null, "void"),
+)
+
+
 def delta_arrow_schema(schema: pa.Schema) -> pa.Schema:
     """The schema a batch is stored with: Delta's timestamps are microseconds, UTC-adjusted."""
     fields = []
