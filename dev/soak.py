@@ -687,10 +687,37 @@ class Soak:
         referenced = {Path(p).name for p in DeltaTable(str(table)).file_uris()}
         return sorted(p.name for p in table.rglob("*.parquet") if parse_file_name(p.name) and p.name not in referenced)
 
+    def _where(self, link: Link) -> list[str]:
+        """The ``lastagent`` command's options that name the link's arbitration store."""
+        return (["--table", link.args[2]] if link.kind == "delta" else ["--table", link.args[3]] if link.kind == "merge"
+                else ["--arbitration-table", link.args[3]])
+
+    def finish_decided(self, link: Link) -> list[str]:
+        """Commits the link's decided branches that a stopped driver left open, with ``lastagent recover --commit``.
+
+        An interruption stops the running driver like a driver kill, but the soak may then pause longer than the
+        branches' ``transaction.timeout.ms`` (a session ends; the broker stops with it): a decided branch would
+        expire, and the link would stop on the expired-decided hazard, as it must. An operator who stops a query
+        for long finishes its decided branches first; so does the soak. Undecided branches stay (the next run
+        rolls them back). Returns the ids committed.
+        """
+        base = [sys.executable, "-m", "lastagent.cli"]
+        where = [*self._where(link), "--bootstrap-servers", self.bootstrap]
+        status = subprocess.run([*base, "status", "--link", link.name, *where, "--json"], capture_output=True,
+                                text=True, timeout=300, preexec_fn=_unblock_signals, check=False)
+        try:
+            decided = [b["transactional_id"] for b in json.loads(status.stdout)["in_doubt"] if b["decision"] == "commit"]
+        except (ValueError, KeyError) as exc:
+            log(f"finishing {link.kind}'s decided branches: status unreadable ({exc}): {status.stderr[-500:]}")
+            return []
+        if decided:
+            done = subprocess.run([*base, "recover", "--link", link.name, *where, "--commit", *decided], capture_output=True,
+                                  text=True, timeout=300, preexec_fn=_unblock_signals, check=False)
+            log(f"finished {link.kind}'s decided branches {decided}: exit {done.returncode} {done.stdout.strip()[-300:]}")
+        return decided
+
     def status_of(self, link: Link) -> tuple[int | None, Any]:
-        where = (["--table", link.args[2]] if link.kind == "delta" else ["--table", link.args[3]] if link.kind == "merge"
-                 else ["--arbitration-table", link.args[3]])
-        cmd = [sys.executable, "-m", "lastagent.cli", "status", "--link", link.name, *where,
+        cmd = [sys.executable, "-m", "lastagent.cli", "status", "--link", link.name, *self._where(link),
                "--bootstrap-servers", self.bootstrap, "--json"]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, preexec_fn=_unblock_signals, check=False)
@@ -780,11 +807,14 @@ class Soak:
                 and v["open_transactions"] == 0 and v["orphan_files"] == 0 and v["status_clean"]
                 and not any(f["outcome"] == "hung" for f in self.failures))
 
-    def stop_current(self) -> None:
+    def stop_current(self, finish: bool = False) -> None:
+        """Stops the running driver; with ``finish``, then commits the decided branches it left open."""
         if self.current_pid is not None:
             killed = kill_session(self.current_pid)
             if killed:
                 log(f"stopped the running driver: {summarize(killed)}")
+            if finish and self.current_link is not None:
+                self.finish_decided(self.links[self.current_link])
             if self.current_record is not None:
                 # Kept, so the kills it holds keep their run; not counted as a kill.
                 self.current_record.update({"outcome": "interrupted", "exit": None, "leftover_processes": summarize(killed)})
@@ -948,9 +978,9 @@ def main(argv: list[str] | None = None) -> int:
         soak.verify()
         soak.status = "passed" if soak.passed() else "failed"
     except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM/SIGHUP through watch_stop_signals
-        # Not a verdict on the connector: the run's driver is stopped (not counted as a kill) and the
-        # soak can go on with --resume.
-        soak.stop_current()
+        # Not a verdict on the connector: the run's driver is stopped (not counted as a kill), its decided branches
+        # finished, and the soak can go on with --resume.
+        soak.stop_current(finish=True)
         soak.status = "interrupted"
         soak.interruptions.append({"at_s": round(soak.elapsed(), 1), "after_runs": len(soak.runs),
                                    "after_kills": len(soak.kills), "why": "; ".join(stopped_by) or str(exc) or "SIGINT",
