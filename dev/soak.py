@@ -910,7 +910,7 @@ def spark_read(table: str | None, out: str | None, sql: str | None, workdir: str
         spark.sql(sql)
     if table and out:
         rows = [r.asDict() for r in spark.read.format("delta").load(table).collect()]
-        Path(out).write_text(json.dumps(rows))
+        Path(out).write_text(json.dumps(rows, default=str))  # the delta link's table has timestamps and bytes
     spark.stop()
     return 0
 
