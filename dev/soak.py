@@ -326,6 +326,7 @@ class Soak:
             procs = session_processes(left["pid"])
             if any(p.name() == "driver" and self.links[left["link"]].name in p.cmd for p in procs.values()):
                 log(f"killing the driver the interruption left running: {summarize(kill_session(left['pid']))}")
+            self.finish_decided(self.links[left["link"]])  # a SIGKILLed soak could not finish them itself
         log(f"resuming {self.run_id} after {len(self.runs)} runs and {len(self.kills)} kills "
             f"({self.driver_budget} driver and {self.worker_budget} worker kills to go)")
 
