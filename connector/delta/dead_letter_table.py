@@ -1,7 +1,7 @@
 """The dead-letter table's rows (option ``deadLetterTable``): a dead letter and why it failed, as columns.
 
 Executor side (the tasks write its files) and driver side (its schema when the table is created with the epoch's
-commit, :meth:`lastagent.delta.target_table.TargetTableStore`). The dead letter itself, its key, value and
+commit, :class:`lastagent.delta.target_table.TargetTableStore`). The dead letter itself, its key, value and
 ``lastagent.dlq.*`` headers, is made by :mod:`lastagent.sinks.dead_letters`.
 """
 
@@ -28,7 +28,7 @@ TABLE_SCHEMA = pa.schema([
 
 
 def table_row(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes | None]]) -> dict[str, Any]:
-    """A dead-letter table row from the (key, value, headers) of :func:`dead_letter`."""
+    """A dead-letter table row from the (key, value, headers) of :func:`lastagent.sinks.dead_letters.dead_letter`."""
     meta = {k[len(HEADER_PREFIX):]: v.decode() for k, v in headers if k.startswith(HEADER_PREFIX) and v is not None}
 
     def num(name: str) -> int | None:

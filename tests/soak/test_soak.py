@@ -43,3 +43,35 @@ def test_short_soak_loses_duplicates_and_leaves_open_nothing(kafka_bootstrap, tm
         assert checks["source_records"] > 0 and checks["epochs_decided"] > 0, (link, checks)
     dead = data["verification"]["links"]["delta"]["dead_letters"]
     assert dead["expected"] > 0 and dead["seen"] == dead["expected"], dead  # the dead-letter path was exercised
+
+
+def test_a_stopped_soak_finishes_the_decided_branches_and_leaves_the_others(kafka_bootstrap, new_topic, tmp_path):
+    """An interruption stops the running driver like a driver kill; the pause before a resume may outlast the
+    branches' transaction timeout, so the soak commits what a kept decision names (and nothing else) first."""
+    import types
+    import uuid
+
+    sys.path.insert(0, str(ROOT / "dev"))
+    import soak
+
+    from lastagent.core.arbitration import ArbitrationRecord
+    from lastagent.delta.arbitration_table import DeltaArbitrationStore
+    from lastagent.kafka.branch import BranchWriter
+    from lastagent.kafka.xa import KafkaXAResource
+
+    topic, link, arb = new_topic(), f"soak-{uuid.uuid4().hex[:6]}", str(tmp_path / "arb")
+    handles = []
+    for branch in range(3):
+        w = BranchWriter({"bootstrap.servers": kafka_bootstrap}, f"lastagent-{link}-1-{branch}-0", 600_000)
+        w.send(topic, f"b{branch}".encode())
+        handles.append(w.prepare())
+    store = DeltaArbitrationStore(arb)
+    store.decide(ArbitrationRecord(link, 0, f"{link}:0", tuple(h.to_json() for h in handles[:2])),
+                 store.claim(link, "q").generation)  # branch 2: no decision names it
+    runner = types.SimpleNamespace(bootstrap=kafka_bootstrap, _where=lambda _link: ["--arbitration-table", arb])
+    stopped = soak.Link("kafka", link, [kafka_bootstrap, "", "", arb], tmp_path / "arb" / "_delta_log", 1)
+    assert soak.Soak.finish_decided(runner, stopped) == [h.transactional_id for h in handles[:2]]
+    assert soak.Soak.finish_decided(runner, stopped) == []  # nothing decided is left open
+    with KafkaXAResource({"bootstrap.servers": kafka_bootstrap}) as xa:
+        assert [t.transactional_id for t in xa.recover(f"lastagent-{link}-")] == [handles[2].transactional_id]
+        xa.rollback(handles[2])
