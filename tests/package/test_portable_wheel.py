@@ -47,6 +47,19 @@ def test_auditwheel_accepts_the_portable_wheel(host_wheel):
     assert "external shared libraries" not in text, text  # "The following external shared libraries are required"
 
 
+def test_the_wheel_holds_the_package_and_the_two_plugin_modules_once(host_wheel):
+    """Only lastagent's modules, its typing files and compiled extension, Spark's two plugin modules and the metadata:
+    connector/plugins lies inside lastagent's directory, and a build writes its egg-info there, which setuptools'
+    package data once shipped again as lastagent/plugins/."""
+    import zipfile
+
+    names = zipfile.ZipFile(host_wheel).namelist()
+    assert [n for n in names if "plugins" in n or "egg-info" in n] == [], names
+    assert sorted(n for n in names if not n.startswith(("lastagent/", "lastagent-"))) == [
+        "pyspark_lastagent_delta.py", "pyspark_lastagent_kafka.py"], names
+    assert {"lastagent/py.typed", "lastagent/_native.pyi", "lastagent/sinks/row_chain.py"} <= set(names)
+
+
 def test_portable_wheel_loads_without_a_toolchain(tmp_path, host_wheel):
     env = no_toolchain_env()
     users = tmp_path / "users-venv"
