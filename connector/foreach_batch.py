@@ -2,7 +2,7 @@
 
 Driver side (the block and its phase 2); ``to_kafka``'s tasks run on the executors. The rules (the fence, the
 claim, entering and leaving) are :mod:`lastagent.core.batch_epoch`'s; this module carries them out with Spark (the
-claim's commit; every other commit is the user's), delta-rs (reading the table's ``txn`` versions and history), the
+claim's commit; every other commit is the user's), Delta Kernel (reading the table's ``txn`` versions and history), the
 sinks' :class:`~lastagent.core.committer.Committer` (the broker check, recovery after a claim, the time-left rule,
 phase 2: one interpreter for every epoch) and the sinks' branch task (:mod:`lastagent.sinks.branch_task`).
 Design: ``dev/designs/foreach-batch-epoch.md``.
@@ -23,6 +23,7 @@ record (a write through another session) is refused by name (:func:`lastagent.co
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import re
 import threading
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from lastagent.core.committer import Committer
+    from lastagent.delta.snapshot import Snapshot
 
 log = logging.getLogger("lastagent.epoch")
 
@@ -92,8 +94,8 @@ _DELTA_PATH_NAME = re.compile(r"^delta\.`(.+)`$", re.IGNORECASE)
 def table_location(spark: Any, table: str) -> str:
     """The Delta table's path: a path or ``delta.`path``` as given, a catalog name by its location. Driver.
 
-    Spark's commit can go to either, but the block reads the table's ``txn`` versions and history with delta-rs,
-    which knows paths only; ``DESCRIBE DETAIL`` gives a catalog table's location (and format).
+    Spark's commit can go to either, but the block reads the table's ``txn`` versions and history through Delta
+    Kernel, which knows paths only; ``DESCRIBE DETAIL`` gives a catalog table's location (and format).
     """
     quoted = _DELTA_PATH_NAME.match(table.strip())
     if quoted:
@@ -109,7 +111,7 @@ def table_location(spark: Any, table: str) -> str:
         kind = "no" if detail is None else f"a {detail.format!r}"
         raise OptionError("table", f"{table!r} is {kind} table; the block's one commit must be a Delta table's")
     location = str(detail.location)
-    if location.startswith("file:"):  # Spark says file:/abs/path; delta-rs wants the path
+    if location.startswith("file:"):  # Spark says file:/abs/path; lastagent.storage wants the path
         location = urllib.parse.unquote(urllib.parse.urlparse(location).path)
     return location
 
@@ -199,13 +201,13 @@ class Epoch:
 
     # -- reading the table -----------------------------------------------------------------------
 
-    def _delta(self) -> Any:
+    def _delta(self) -> Snapshot:
         return self._store.require()
 
-    def _txns(self, dt: Any) -> dict[str, int]:
+    def _txns(self, dt: Snapshot) -> dict[str, int]:
         return BatchEpochTable.txns(dt, self.link)
 
-    def _history(self, dt: Any) -> list[str | None]:
+    def _history(self, dt: Snapshot) -> list[str | None]:
         return [c.get("userMetadata") for c in BatchEpochTable.history(dt)]
 
     def _record(self, history: list[str | None]) -> be.BatchRecord | None:
@@ -235,9 +237,9 @@ class Epoch:
         from pyspark.sql.types import StructType
 
         spark = self.batch.sparkSession
-        # Spark's read schema drops the columns' Delta metadata; the log (delta-rs) has it.
-        filled = {f.name for f in self._delta().schema().fields
-                  if any(k.startswith(("delta.identity.", "delta.generationExpression")) for k in f.metadata)}
+        # Spark's read schema drops the columns' Delta metadata; the log has it.
+        filled = {f["name"] for f in json.loads(self._delta().schema_json)["fields"]
+                  if any(k.startswith(("delta.identity.", "delta.generationExpression")) for k in f.get("metadata", {}))}
         schema = spark.read.format("delta").load(self.table).schema
         return spark.createDataFrame([], StructType([f for f in schema.fields if f.name not in filled]))
 
@@ -293,7 +295,7 @@ class Epoch:
                 _generations[key] = generation
         self.generation = generation
         dt = self._delta()
-        self._entered_version = int(dt.version())
+        self._entered_version = dt.version
         self.entry = be.enter(self.link, self.epoch, generation, self._txns(dt), self._record(self._history(dt)))
         if isinstance(self.entry, be.Superseded):
             raise StaleOwnerError(self.entry.reason)
@@ -437,7 +439,7 @@ class Epoch:
         if self._failed is not None and exc is None:
             raise self._failed
 
-    def _stray_writes(self, dt: Any) -> str | None:
+    def _stray_writes(self, dt: Snapshot) -> str | None:
         """Why the body's commits cannot stand as the block's decision, or None: reads every commit of the table
         (``dt``, read after the body) since the block began (:func:`lastagent.core.batch_epoch.stray_writes`). Driver."""
         stray = be.stray_writes(BatchEpochTable.commits_since(dt, self._entered_version))

@@ -24,9 +24,8 @@ import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 from pyspark.sql.datasource import WriterCommitMessage
 from pyspark.sql.types import StructType
 
@@ -58,6 +57,9 @@ from lastagent.sinks.table_rows import IdentityValues
 from lastagent.sinks.task_outputs import TaskOutputs
 from lastagent.spark_api import StreamWriter, arrow_input, require_arrow_input
 from lastagent.storage import require_reachable
+
+if TYPE_CHECKING:
+    from lastagent.delta.snapshot import Snapshot
 
 log = logging.getLogger("lastagent.delta")
 
@@ -114,9 +116,9 @@ class DeltaStreamWriter(StartsWhenShipped, StreamWriter):
         table = store.table()
         store.check_dead_letter_table()
         if table is not None:
-            self.table_schema_json = table.schema().to_json()
+            self.table_schema_json = table.schema_json
             self.rules = self._rules(store, table)
-            existing = tuple(table.metadata().partition_columns)
+            existing = table.partition_columns
             if self.options.partition_by and tuple(self.options.partition_by) != existing:
                 from lastagent.errors import OptionError
 
@@ -148,7 +150,7 @@ class DeltaStreamWriter(StartsWhenShipped, StreamWriter):
         # an earlier run may still be about to commit its own.
         return shipped(ownership, decided_through, owner)
 
-    def _rules(self, store: TargetTableStore, table: Any) -> TableRules:
+    def _rules(self, store: TargetTableStore, table: Snapshot) -> TableRules:
         """The table's rules for the tasks, or an error at start naming what the sink cannot write. Driver.
 
         Raises:
@@ -167,7 +169,7 @@ class DeltaStreamWriter(StartsWhenShipped, StreamWriter):
 
             # The driver's start cannot see Spark's session time zone; it checks as for UTC, and a task in
             # another zone refuses an expression that depends on it before writing a row.
-            arrow = delta_arrow_schema(pa.schema(table.schema().to_arrow()))
+            arrow = delta_arrow_schema(arrow_schema(table.schema_json))
             for c in rules.constraints:
                 check_supported(c.sql, arrow, f"CHECK constraint '{c.name}' of Delta table {self.options.path}")
             for g in rules.generated:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import threading
 import time
 from dataclasses import replace
 from typing import Any
@@ -34,6 +33,7 @@ from lastagent.core.arbitration import (
 from lastagent.core.figures import EpochFigures
 from lastagent.delta import kernel as delta_kernel
 from lastagent.delta.files import kernel_add, write_table_file
+from lastagent.delta.snapshot import Snapshot, read_snapshot
 from lastagent.delta.table_properties import (
     accept_lost_on_delta,
     accepted_lost_on_delta,
@@ -48,41 +48,8 @@ from lastagent.storage import StorageConfig, location
 log = logging.getLogger("lastagent.delta")
 
 
-class LatestTable:
-    """A Delta table at its newest version, opened once per thread and brought up to date on each call. Driver.
-
-    Opening a table reads every log entry since its last checkpoint; an update reads only the
-    entries written since the previous call (delta-rs' incremental update), so a query start
-    that looks at the table several times reads its log once. Every call still returns the
-    newest version. Each thread keeps its own DeltaTable: a decider commits on the snapshot it
-    checked, and another thread's commit must not move that snapshot under it.
-    """
-
-    def __init__(self, uri: str, storage_options: dict[str, str] | None) -> None:
-        self.uri = uri
-        self.storage_options = storage_options
-        self._local = threading.local()
-
-    def get(self) -> Any:
-        """The DeltaTable; raises as ``deltalake.DeltaTable`` does (TableNotFoundError, I/O errors)."""
-        from deltalake import DeltaTable
-
-        table = getattr(self._local, "table", None)
-        self._local.table = None
-        if table is not None:
-            try:
-                table.update_incremental()
-            except Exception:  # delta-rs raises plain errors; the commits after its version may be gone (cleanup)
-                log.debug("Delta table %s: opened again (its update failed)", self.uri, exc_info=True)
-                table = None
-        if table is None:
-            table = DeltaTable(self.uri, storage_options=self.storage_options)
-        self._local.table = table
-        return table
-
-
 class DeltaArbitrationStore:
-    """Arbitration rows in a Delta table, committed through Delta Kernel and read with delta-rs, from the driver.
+    """Arbitration rows in a Delta table, read and committed through Delta Kernel, from the driver.
 
     Args:
         path: the table's location: a local path or a URI of a store :mod:`lastagent.storage` reaches.
@@ -99,39 +66,37 @@ class DeltaArbitrationStore:
         self._config = storage or StorageConfig()
         self._where = location(self.path, "arbitrationTable")
         self._storage = self._config.delta_options(self._where)
-        self._latest = LatestTable(self._where.uri, self._storage)
         self._plain_at: int | None = None  # the table version whose features were last checked
 
-    def _keep(self, table: Any, version: int) -> None:
+    def _keep(self, table: Snapshot, version: int) -> None:
         """Checkpoints and cleanups after a commit at ``version`` on ``table`` as read (:mod:`lastagent.delta.upkeep`):
         the table's files stay bounded by its retention, not by the link's age."""
-        metadata = table.metadata()
         TableUpkeep(lambda: self._config.filesystem(self._where), self._where.path, self._where.uri, self._storage,
                     f"arbitration table {self.path}", vacuum=True).after_commit(
-            version, metadata.id, metadata.configuration, table.protocol().writer_features)
+            version, table.id, table.configuration, table.protocol.writer_features)
 
-    def _table(self) -> Any:  # a deltalake DeltaTable, or None
-        from deltalake.exceptions import TableNotFoundError
+    def _table(self) -> Snapshot | None:
+        """The table at its newest version, or None before its first claim creates it.
 
-        try:
-            table = self._latest.get()
-        except TableNotFoundError:
+        Raises:
+            ArbitrationError: it cannot be read (nothing may be decided now), or is not an arbitration table.
+        """
+        table = read_snapshot(self._where, self._config)
+        if table is None:
             return None
-        except Exception as exc:  # any read failure means "cannot decide now"
-            raise ArbitrationError(f"cannot read arbitration table {self.path}: {exc}") from exc
-        names = tuple(f.name for f in table.schema().fields)
+        names = table.column_names
         if names != self.SCHEMA_FIELDS:
             raise ArbitrationError(
                 f"option 'arbitrationTable': {self.path} is a Delta table of another schema (columns {list(names)}), "
                 f"not a lastagent arbitration table (columns {list(self.SCHEMA_FIELDS)}); give a path of its own")
-        if table.version() != self._plain_at:  # the features are checked once per version read, not per call
+        if table.version != self._plain_at:  # the features are checked once per version read, not per call
             from lastagent.delta.features import require_plain
 
             require_plain(table, self.path, "arbitration table", nullable=False)
-            self._plain_at = table.version()
+            self._plain_at = table.version
         return table
 
-    def _ensure_table(self) -> Any:
+    def _ensure_table(self) -> Snapshot:
         """Opens the table, creating it empty first; a creation race leaves one table.
 
         A path that holds other files but no Delta table is refused, not turned into a table.
@@ -139,8 +104,9 @@ class DeltaArbitrationStore:
         table = self._table()
         if table is not None:
             return table
-        from deltalake import Schema
         from pyarrow import fs
+
+        from lastagent.delta.files import delta_schema_json
 
         filesystem_, root = self._config.filesystem(self._where), self._where.path
         try:
@@ -160,7 +126,7 @@ class DeltaArbitrationStore:
         try:
             # Created empty, so every decision (epoch 0 too) is a commit against an existing
             # table, where the txn-appId conflict check applies.
-            schema = Schema.from_arrow(self._arrow([]).schema).to_json()
+            schema = delta_schema_json(self._arrow([]).schema)
             delta_kernel.create_table(self._where.uri, self._storage, {"operation": "CREATE TABLE",
                                                                        "isBlindAppend": True},
                                       delta_kernel.new_table(schema, (), int(time.time() * 1000),
@@ -200,7 +166,7 @@ class DeltaArbitrationStore:
         table = self._table()
         if table is None:
             return
-        links = set(table.to_pyarrow_table(columns=["link"]).column("link").to_pylist())
+        links = set(table.rows(["link"]).column("link").to_pylist())
         if links and link not in links:
             raise LinkMismatchError(
                 f"option 'link': the arbitration table {self.path} belongs to link(s) {sorted(links)}, "
@@ -234,7 +200,7 @@ class DeltaArbitrationStore:
             current = delta_ownership(table, record.link)
             if current is None or current.generation != generation:
                 raise stale(record.link, generation, current)
-            decided = table.transaction_version(record.link)
+            decided = table.app_version(record.link)
             if decided is not None and decided >= record.epoch:
                 existing = self.get(record.link, record.epoch, table)
                 if existing is None:
@@ -247,7 +213,7 @@ class DeltaArbitrationStore:
             add = write_table_file(filesystem, root, self._arrow([record]))
             try:
                 version = delta_kernel.commit_actions(
-                    table.table_uri, self._storage, table.version(), table.metadata().id, info,
+                    table.uri, self._storage, table.version, table.id, info,
                     delta_kernel.append_actions([add], record.link, record.epoch, record.decided_at_ms), what)
             except (LostRace, ArbitrationError):
                 with contextlib.suppress(FileNotFoundError):
@@ -258,13 +224,13 @@ class DeltaArbitrationStore:
 
         return until_committed(attempt, what, self.path)
 
-    def get(self, link: str, epoch: int, table: Any = None) -> ArbitrationRecord | None:
+    def get(self, link: str, epoch: int, table: Snapshot | None = None) -> ArbitrationRecord | None:
         table = table or self._table()
         if table is None:
             return None
         import pyarrow.compute as pc
 
-        data = table.to_pyarrow_table(filters=[("link", "=", link), ("epoch", "=", epoch)])
+        data = table.rows()
         rows = data.filter(pc.and_(pc.equal(data["link"], link), pc.equal(data["epoch"], epoch))).to_pylist()
         return self._record(rows[0]) if rows else None
 
@@ -272,14 +238,14 @@ class DeltaArbitrationStore:
         table = self._table()
         if table is None:
             return []
-        rows = table.to_pyarrow_table(filters=[("link", "=", link)]).to_pylist()
+        rows = table.rows().to_pylist()
         return sorted((self._record(r) for r in rows if r["link"] == link), key=lambda r: r.epoch)
 
     def latest_epoch(self, link: str) -> int | None:
         table = self._table()
         if table is None:
             return None
-        return table.transaction_version(link)
+        return table.app_version(link)
 
     def cleanup(self, link: str, retain_epochs: int) -> int:
         rows = self.records(link)
@@ -292,25 +258,26 @@ class DeltaArbitrationStore:
 
         def attempt() -> None:
             # One commit that removes every file and adds one with the rows that stay (a delete and a compaction).
-            import pyarrow as pa
             import pyarrow.compute as pc
 
             table = self._table()
-            rows = table.to_pyarrow_table()
+            if table is None:
+                raise ArbitrationError(f"arbitration table {self.path} is gone")
+            rows = table.rows()
             keep = rows.filter(pc.invert(pc.and_(pc.equal(rows["link"], link), pc.less_equal(rows["epoch"], limit))))
             now = int(time.time() * 1000)
-            files = pa.table(table.get_add_actions(flatten=True)).select(["path", "size_bytes"]).to_pylist()
+            # The paths as the log holds them (already URL-encoded), so each remove names its add exactly.
             actions: list[dict[str, Any]] = [
-                {"remove": {"path": kernel_add({"path": f["path"]})["path"], "deletionTimestamp": now,
-                            "dataChange": True, "extendedFileMetadata": True, "partitionValues": {},
-                            "size": f["size_bytes"]}} for f in files]
+                {"remove": {"path": f.path, "deletionTimestamp": now, "dataChange": True,
+                            "extendedFileMetadata": True, "partitionValues": {}, "size": f.size}}
+                for f in table.files()]
             filesystem, root = self._config.filesystem(self._where), self._where.path
             add = write_table_file(filesystem, root, keep) if keep.num_rows else None
             if add is not None:
                 actions.append({"add": kernel_add(add)})
             try:
                 version = delta_kernel.commit_actions(
-                    table.table_uri, self._storage, table.version(), table.metadata().id,
+                    table.uri, self._storage, table.version, table.id,
                     {"operation": "DELETE", "isBlindAppend": False, "operationParameters": {
                         "predicate": json.dumps([f"link = '{link}' AND epoch <= {limit}"])}},
                     actions, f"the cleanup of link {link!r} through epoch {limit}")
@@ -330,7 +297,7 @@ class DeltaArbitrationStore:
             return []
         # Every decision is one commit; claims and cleanups are few, so a little more than ``last``
         # commits of history hold the newest ``last`` decisions (fewer when the log was cleaned up).
-        return figures_in_history(table.history(2 * last + 10), link, last)
+        return figures_in_history(table.commits(2 * last + 10), link, last)
 
     def accepted_lost(self, link: str) -> frozenset[int]:
         return accepted_lost_on_delta(self._table(), link)
@@ -343,4 +310,4 @@ class DeltaArbitrationStore:
         table = self._table()
         if table is None:
             return 0, 0
-        return table.to_pyarrow_table(columns=["epoch"]).num_rows, len(table.file_uris())
+        return table.rows(["epoch"]).num_rows, len(table.files())

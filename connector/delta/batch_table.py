@@ -3,9 +3,10 @@
 Driver side (the block) or wherever ``lastagent status`` / ``recover`` runs. The block's decisions are the
 records in the user's own Delta commits (``userMetadata``, :class:`lastagent.core.batch_epoch.BatchRecord`),
 its generations the table's ``txn`` versions under ``lastagent/<link>/g<G>`` (:mod:`lastagent.core.batch_epoch`);
-every commit is Spark's. So this store reads with delta-rs and writes nothing: the one write the command
-would make, the claim that fences a running query before it rolls back, is an empty append through Spark's
-Delta writer (delta-rs cannot commit to the tables this path exists for), so the command refuses it by name.
+every commit is Spark's. So this store reads (through Delta Kernel: :mod:`lastagent.delta.snapshot`) and writes
+nothing: the one write the command would make, the claim that fences a running query before it rolls back, is an
+empty append through Spark's Delta writer (lastagent's own commits do not write the tables this path exists for),
+so the command refuses it by name.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from lastagent.core import batch_epoch as be
 from lastagent.core.arbitration import ArbitrationRecord, Decision, Ownership
 from lastagent.core.branch_handle import BranchHandle
+from lastagent.delta.snapshot import Snapshot, read_snapshot
 from lastagent.errors import LastAgentError
 from lastagent.storage import StorageConfig, location
 
@@ -26,10 +28,10 @@ _NO_CLAIM = ("a lastagent.epoch link is fenced by its own query: its run's claim
              "epoch finishes the link (branches a record names committed, the rest rolled back)")
 
 
-def is_batch_link(table: Any, link: str) -> bool:
-    """Whether ``table`` (a delta-rs table) holds a ``lastagent.epoch`` link named ``link``: its first claim put
+def is_batch_link(table: Snapshot | None, link: str) -> bool:
+    """Whether ``table`` holds a ``lastagent.epoch`` link named ``link``: its first claim put
     ``txn(lastagent/<link>/g0)`` there."""
-    return table is not None and table.transaction_version(be.app_id(link, 0)) is not None
+    return table is not None and table.app_version(be.app_id(link, 0)) is not None
 
 
 class BatchEpochTable:
@@ -51,45 +53,45 @@ class BatchEpochTable:
         self._where = location(path, option)
         self._records: dict[str, list[ArbitrationRecord]] = {}  # the command reads them several times
 
-    def table(self) -> Any:
-        """The delta-rs table, or None when there is no Delta table at the path."""
-        from deltalake import DeltaTable
-        from deltalake.exceptions import TableNotFoundError
+    def table(self) -> Snapshot | None:
+        """The table at its newest version, or None when there is no Delta table at the path.
 
-        try:
-            return DeltaTable(self._where.uri, storage_options=self.storage.delta_options(self._where))
-        except TableNotFoundError:
-            return None
+        Raises:
+            ArbitrationError: it cannot be read.
+        """
+        return read_snapshot(self._where, self.storage)
 
-    def require(self) -> Any:
-        """The delta-rs table; raises when there is none at the path."""
+    def require(self) -> Snapshot:
+        """The table at its newest version; raises when there is none at the path."""
         table = self.table()
         if table is None:
             raise LastAgentError(f"no Delta table at {self._where.given}")
         return table
 
     @staticmethod
-    def txns(table: Any, link: str) -> dict[str, int]:
+    def txns(table: Snapshot, link: str) -> dict[str, int]:
         """App id → ``txn`` version, for every generation of ``link`` from 0 up to the first one not there."""
-        out, g = {}, 0
-        while (version := table.transaction_version(be.app_id(link, g))) is not None:
-            out[be.app_id(link, g)] = int(version)
-            g += 1
-        return out
+        out: dict[str, int] = {}
+        while True:  # a few generations per read of the log, until one is not there
+            apps = [be.app_id(link, g) for g in range(len(out), len(out) + 8)]
+            for app, version in zip(apps, table.app_versions(apps)):
+                if version is None:
+                    return out
+                out[app] = int(version)
 
     @staticmethod
-    def history(table: Any, depth: int | None = HISTORY_DEPTH) -> list[dict[str, Any]]:
+    def history(table: Snapshot, depth: int | None = HISTORY_DEPTH) -> list[dict[str, Any]]:
         """The newest ``depth`` commits' commit info (None: all the log keeps), newest first."""
-        return list(table.history(depth))
+        return table.commits(depth)
 
     @staticmethod
-    def commits_since(table: Any, version: int) -> list[be.Commit]:
+    def commits_since(table: Snapshot, version: int) -> list[be.Commit]:
         """The commits after ``version`` (each commit's version, operation and user metadata), oldest first."""
-        newer = int(table.version()) - version
+        newer = table.version - version
         if newer <= 0:
             return []
         return [be.Commit(int(c["version"]), str(c.get("operation") or ""), c.get("userMetadata"))
-                for c in reversed(table.history(newer))]
+                for c in reversed(table.commits(newer))]
 
     # -- the store port, read side ------------------------------------------------------------------------
 

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lastagent.errors import UnsupportedTableFeatureError
+
+if TYPE_CHECKING:
+    from lastagent.delta.snapshot import Snapshot
 
 
 @dataclass(frozen=True)
@@ -215,8 +218,8 @@ class TableRules:
                     or self.identity)
 
 
-def table_features(min_reader: int, min_writer: int, reader_features: list[str] | None,
-                   writer_features: list[str] | None) -> set[str]:
+def table_features(min_reader: int, min_writer: int, reader_features: Sequence[str] | None,
+                   writer_features: Sequence[str] | None) -> set[str]:
     """Every feature the protocol names or implies (legacy versions imply fixed sets)."""
     named = set(reader_features or ()) | set(writer_features or ())
     if min_writer < 7:
@@ -268,8 +271,8 @@ def _not_null(schema: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
             yield from _not_null(f["type"], path + ".")
 
 
-def write_rules(table: str, role: str, min_reader: int, min_writer: int, reader_features: list[str] | None,
-                writer_features: list[str] | None, configuration: Mapping[str, str | None],
+def write_rules(table: str, role: str, min_reader: int, min_writer: int, reader_features: Sequence[str] | None,
+                writer_features: Sequence[str] | None, configuration: Mapping[str, str | None],
                 schema_json: str) -> TableRules:
     """Checks that the sink can write the table as Spark would and says how. Driver, at query start.
 
@@ -360,19 +363,18 @@ def _identity(f: Mapping[str, Any]) -> IdentityColumn:
                           not bool(metadata.get("delta.identity.allowExplicitInsert", False)))
 
 
-def rules_of(table: Any, where: str, role: str) -> TableRules:
-    """What a writer must do to the rows of an open deltalake table, or the feature it cannot write. Driver.
+def rules_of(table: Snapshot, where: str, role: str) -> TableRules:
+    """What a writer must do to the rows of a table (as read), or the feature it cannot write. Driver.
 
     Raises:
         UnsupportedTableFeatureError: naming the feature and the table.
     """
-    protocol = table.protocol()
+    protocol = table.protocol
     return write_rules(where, role, protocol.min_reader_version, protocol.min_writer_version,
-                       protocol.reader_features, protocol.writer_features, table.metadata().configuration,
-                       table.schema().to_json())
+                       protocol.reader_features, protocol.writer_features, table.configuration, table.schema_json)
 
 
-def require_plain(table: Any, where: str, role: str, nullable: bool = True) -> None:
+def require_plain(table: Snapshot, where: str, role: str, nullable: bool = True) -> None:
     """Refuses a table lastagent writes with its own fixed rows (dead letters, arbitration records). Driver.
 
     Such a table may have no constraint, generated column or column mapping, no feature the sink
@@ -399,8 +401,8 @@ def _kernel_feature(named: set[str]) -> str | None:
     return next((f for f in KERNEL_FEATURES if f in named), None)
 
 
-def _named(table: Any) -> set[str]:
-    protocol = table.protocol()
+def _named(table: Snapshot) -> set[str]:
+    protocol = table.protocol
     return table_features(protocol.min_reader_version, protocol.min_writer_version, protocol.reader_features,
                           protocol.writer_features)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from lastagent.core.arbitration import (
     LostRace,
@@ -23,25 +23,28 @@ from lastagent.core.arbitration import (
 )
 from lastagent.errors import ArbitrationError
 
+if TYPE_CHECKING:
+    from lastagent.delta.snapshot import Snapshot
+
 log = logging.getLogger("lastagent.delta")
 
 
-def delta_ownership(table: Any, link: str) -> Ownership | None:
+def delta_ownership(table: Snapshot, link: str) -> Ownership | None:
     """A link's ownership from a Delta table's properties (a snapshot read, no history)."""
     owner_key, gen_key = owner_keys(link)
     run_key, retired_key = run_keys(link)
-    conf = table.metadata().configuration
+    conf = table.configuration
     if gen_key not in conf:
         return None
     retired = tuple(r for r in conf.get(retired_key, "").split(",") if r)
     return Ownership(conf.get(owner_key, ""), int(conf[gen_key]), conf.get(run_key, ""), retired)
 
 
-def accepted_lost_on_delta(table: Any, link: str) -> frozenset[int]:
+def accepted_lost_on_delta(table: Snapshot | None, link: str) -> frozenset[int]:
     """The epochs in a Delta table's ``lostAccepted`` property (none when the table does not exist)."""
     if table is None:
         return frozenset()
-    raw = table.metadata().configuration.get(lost_key(link), "")
+    raw = table.configuration.get(lost_key(link), "")
     return frozenset(int(e) for e in raw.split(",") if e.strip())
 
 
@@ -67,11 +70,11 @@ def until_committed(attempt: Callable[[], _T], what: str, where: str) -> _T:
 
 
 #: What keeps a table after a commit (``(table as read, version committed)``): :class:`lastagent.delta.upkeep.TableUpkeep`.
-Kept = Callable[[Any, int], None]
+Kept = Callable[["Snapshot", int], None]
 
 
-def alter_properties(open_table: Callable[[], Any], where: str, what: str,
-                     properties_of: Callable[[Any], dict[str, str] | None], kept: Kept | None = None
+def alter_properties(open_table: Callable[[], Snapshot], where: str, what: str,
+                     properties_of: Callable[[Snapshot], dict[str, str] | None], kept: Kept | None = None
                      ) -> dict[str, str] | None:
     """Sets Delta table properties worked out from the table's newest version. Driver side.
 
@@ -103,8 +106,7 @@ def alter_properties(open_table: Callable[[], Any], where: str, what: str,
         # table-features protocol with it (a reader-version-3 table gains variantType, which older readers
         # refuse), and cannot commit to a table with in-commit timestamps at all. This commit is the table's
         # metaData with these keys set and nothing else; a race re-reads (until_committed).
-        version = delta_kernel.set_properties(table.table_uri, table._storage_options, table.version(),
-                                              table.metadata().id, properties, what)
+        version = delta_kernel.set_properties(table.uri, table.storage, table.version, table.id, properties, what)
         if kept is not None:
             kept(table, version)
         return properties
@@ -112,14 +114,14 @@ def alter_properties(open_table: Callable[[], Any], where: str, what: str,
     return until_committed(attempt, f"recording {what}", where)
 
 
-def accept_lost_on_delta(open_table: Callable[[], Any], where: str, link: str, epoch: int,
+def accept_lost_on_delta(open_table: Callable[[], Snapshot], where: str, link: str, epoch: int,
                          kept: Kept | None = None) -> None:
     """Adds ``epoch`` to the table's ``lostAccepted`` property (a metadata commit, re-read on a race)."""
     alter_properties(open_table, where, f"the accepted loss of link {link!r} epoch {epoch}", lambda table: {
         lost_key(link): ",".join(map(str, sorted(accepted_lost_on_delta(table, link) | {epoch})))}, kept)
 
 
-def claim_on_delta(open_table: Callable[[], Any], where: str, link: str, owner: str, takeover: bool,
+def claim_on_delta(open_table: Callable[[], Snapshot], where: str, link: str, owner: str, takeover: bool,
                    run: str = "", base: Callable[[], Ownership | None] | None = None,
                    kept: Kept | None = None) -> Ownership:
     """Claims the next generation in a Delta table's properties, unless ``run`` holds it already.
@@ -132,7 +134,7 @@ def claim_on_delta(open_table: Callable[[], Any], where: str, link: str, owner: 
     """
     claimed: list[Ownership] = []
 
-    def claim(table: Any) -> dict[str, str] | None:
+    def claim(table: Snapshot) -> dict[str, str] | None:
         current = delta_ownership(table, link)
         if current is None and base is not None:
             current = base()

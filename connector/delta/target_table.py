@@ -38,9 +38,10 @@ from lastagent.core.arbitration import (
 from lastagent.core.figures import EpochFigures
 from lastagent.delta import files as delta_files
 from lastagent.delta import kernel as delta_kernel
-from lastagent.delta.arbitration_table import DeltaArbitrationStore, LatestTable
+from lastagent.delta.arbitration_table import DeltaArbitrationStore
 from lastagent.delta.features import IdentityColumn, TableRules, require_plain, rules_of
 from lastagent.delta.files import kernel_add
+from lastagent.delta.snapshot import Snapshot, read_snapshot
 from lastagent.delta.table_properties import (
     accept_lost_on_delta,
     accepted_lost_on_delta,
@@ -151,11 +152,15 @@ def high_water_marks(schema_json: str, identity: tuple[IdentityColumn, ...], add
 
 
 def _delta_json(schema_json: str) -> str:
-    """A schema (Spark's or Delta's JSON) in the form lastagent has always written into ``schemaString`` (delta-rs's:
-    read and written again), so a schema that Delta cannot hold is refused here, before any commit."""
-    from deltalake import Schema
+    """A schema (Spark's or Delta's JSON: the same format) in the form lastagent has always written into
+    ``schemaString`` (compact, keys in Spark's order), so a schema that Delta cannot hold is refused here, before any
+    commit.
 
-    return Schema.from_json(schema_json).to_json()
+    Raises:
+        ValueError: naming a type Delta cannot hold.
+    """
+    delta_files.arrow_schema(schema_json)
+    return json.dumps(json.loads(schema_json), separators=(",", ":"), ensure_ascii=False)
 
 
 def schema_error(path: str, problems: list[str]) -> SchemaMismatchError:
@@ -193,19 +198,14 @@ class TargetTableStore:
         self.merge_schema = merge_schema
         self.fallback_schema_json = fallback_schema_json
         self.checkpoint_location = checkpoint_location
-        self._latest = LatestTable(self._where.uri, self.storage.delta_options(self._where))
 
-    def table(self) -> Any:
-        """The DeltaTable at its newest version (:class:`~lastagent.core.arbitration.LatestTable`), or None
-        while the table does not exist."""
-        from deltalake.exceptions import TableNotFoundError
+    def table(self) -> Snapshot | None:
+        """The table at its newest version, or None while it does not exist.
 
-        try:
-            return self._latest.get()
-        except TableNotFoundError:
-            return None
-        except Exception as exc:  # any read failure means "cannot decide now"
-            raise ArbitrationError(f"cannot read Delta table {self.path}: {exc}") from exc
+        Raises:
+            ArbitrationError: it cannot be read (nothing may be decided now).
+        """
+        return read_snapshot(self._where, self.storage)
 
     # -- ownership ----------------------------------------------------------------------------
 
@@ -272,7 +272,7 @@ class TargetTableStore:
             raise ArbitrationError(f"cannot create Delta table {self.path} without the query's checkpointLocation")
         return query_id(self.checkpoint_location, self.storage)
 
-    def _claimable(self) -> Any:
+    def _claimable(self) -> Snapshot:
         table = self.table()
         if table is None:
             raise ArbitrationError(f"Delta table {self.path} disappeared while claiming its link")
@@ -293,7 +293,7 @@ class TargetTableStore:
         table = self.table()
         return self._ownership_in(table, link)
 
-    def _ownership_in(self, table: Any, link: str) -> Ownership | None:
+    def _ownership_in(self, table: Snapshot | None, link: str) -> Ownership | None:
         """The ownership the table records, else the one claimed before it existed (:meth:`_pre_table`)."""
         current = None if table is None else delta_ownership(table, link)
         if current is None:
@@ -345,17 +345,16 @@ class TargetTableStore:
             f.write(body)
         fs_.move(f"{path}.tmp", path)  # whole or not at all: a torn record must not read as "through -1"
 
-    def _keep(self, table: Any, version: int, where: Any = None) -> None:
+    def _keep(self, table: Snapshot, version: int, where: Location | None = None) -> None:
         """Checkpoints and expired log entries after a commit at ``version`` on ``table`` as read, as Spark's writer
         keeps the tables it commits to (:mod:`lastagent.delta.upkeep`). Driver. No data file is deleted: Spark's
         writer never vacuums a target table, and a dead-letter file a decided epoch names waits there for its commit.
         ``where``: the dead-letter table's location (else the target table's)."""
         where = where or self._where
-        metadata = table.metadata()
         name = self.path if where is self._where else str(self.dead_letter_table)
         TableUpkeep(lambda: self.storage.filesystem(where), where.path, where.uri, self.storage.delta_options(where),
-                    f"Delta table {name}").after_commit(version, metadata.id, metadata.configuration,
-                                                        table.protocol().writer_features)
+                    f"Delta table {name}").after_commit(version, table.id, table.configuration,
+                                                        table.protocol.writer_features)
 
     def decide(self, record: ArbitrationRecord, generation: int, staged: StagedEpoch | None = None) -> Decision:
         """Commits the epoch's files, txn and record in one Delta commit, unless already decided.
@@ -388,7 +387,7 @@ class TargetTableStore:
                 self.discard(staged)
                 raise stale(record.link, generation, current)
             if table is not None:
-                decided = table.transaction_version(record.link)
+                decided = table.app_version(record.link)
                 if decided is not None and decided >= record.epoch:
                     self.discard(staged)
                     existing = self.get(record.link, record.epoch, table)
@@ -417,22 +416,22 @@ class TargetTableStore:
                     rules = self._same_rules(table, staged)
                     merged = self._fit(table, staged, rules)
                     if rules.identity:  # the marks move in the epoch's own commit, as Spark's writer moves them
-                        merged = high_water_marks(merged or table.schema().to_json(), rules.identity, staged.adds,
+                        merged = high_water_marks(merged or table.schema_json, rules.identity, staged.adds,
                                                   self.path) or merged
                     storage = self.storage.delta_options(self._where)
                     if rules.kernel:  # a feature only kernel's transaction writes
-                        version = delta_kernel.commit_epoch(table.table_uri, storage, table.version(),
-                                                            table.metadata().id, [kernel_add(a) for a in staged.adds],
+                        version = delta_kernel.commit_epoch(table.uri, storage, table.version,
+                                                            table.id, [kernel_add(a) for a in staged.adds],
                                                             record.link, record.epoch, metadata, record.epoch)
                     else:  # a plain append: commitInfo, txn, adds, written put-if-absent through kernel's storage
                         version = delta_kernel.commit_actions(
-                            table.table_uri, storage, table.version(), table.metadata().id,
+                            table.uri, storage, table.version, table.id,
                             delta_kernel.streaming_commit_info(record.epoch, metadata, staged.adds),
                             delta_kernel.append_actions(staged.adds, record.link, record.epoch, record.decided_at_ms),
                             f"epoch {record.epoch} of link {record.link!r}", merged)
                     added = [] if merged is None else sorted(
                         {f["name"] for f in json.loads(merged)["fields"]}
-                        - {f["name"] for f in json.loads(table.schema().to_json())["fields"]})
+                        - set(table.column_names))
                     if added:
                         log.info("Delta table %s: added column(s) %s (mergeSchema)", self.path, added)
                     self._keep(table, version)
@@ -441,24 +440,24 @@ class TargetTableStore:
                 raise
             except (SchemaMismatchError, ArbitrationError, UnsupportedTableFeatureError):
                 raise
-            except Exception as exc:  # delta-rs (reading the table) raises plain errors
+            except ValueError as exc:  # a schema Delta cannot hold (_delta_json)
                 raise ArbitrationError(f"cannot commit to Delta table {self.path}: {exc}") from exc
 
         return until_committed(attempt, f"the Delta commit of link {record.link!r} epoch {record.epoch}", self.path)
 
-    def rules(self, table: Any) -> TableRules:
+    def rules(self, table: Snapshot) -> TableRules:
         """What the tasks must do to the target table's rows (:func:`rules_of`). Driver, at each epoch's start."""
         return rules_of(table, self.path, "target table")
 
-    def require_kernel_writes(self, table: Any) -> None:
+    def require_kernel_writes(self, table: Snapshot) -> None:
         """Refuses a table whose commits go through Delta Kernel when kernel's write gate refuses it. Driver, at
         each epoch's start, after :meth:`rules` (whose own list refuses every case known to it first).
 
         Raises:
             UnsupportedTableFeatureError: naming the feature kernel names (or its gate), before anything is written.
         """
-        reason = delta_kernel.write_gate(table.table_uri, self.storage.delta_options(self._where), table.version(),
-                                         table.metadata().id)
+        reason = delta_kernel.write_gate(table.uri, self.storage.delta_options(self._where), table.version,
+                                         table.id)
         if reason is not None:
             named = re.search(r"Feature '([^']+)'", reason)
             raise UnsupportedTableFeatureError(named[1] if named else "Delta Kernel's write gate", self.path,
@@ -467,18 +466,14 @@ class TargetTableStore:
 
     def check_dead_letter_table(self) -> None:
         """Refuses an existing dead-letter table lastagent cannot write as is (:func:`require_plain`). Driver."""
-        from deltalake import DeltaTable
-        from deltalake.exceptions import TableNotFoundError
-
         if self._dead_where is None:
             return
-        try:
-            table = DeltaTable(self._dead_where.uri, storage_options=self.storage.delta_options(self._dead_where))
-        except TableNotFoundError:
+        table = read_snapshot(self._dead_where, self.storage)
+        if table is None:
             return
         require_plain(table, str(self.dead_letter_table), "dead-letter table")
 
-    def _same_rules(self, table: Any, staged: StagedEpoch) -> TableRules:
+    def _same_rules(self, table: Snapshot, staged: StagedEpoch) -> TableRules:
         """The table's rules, which must be the ones the epoch's tasks applied.
 
         Raises:
@@ -494,7 +489,7 @@ class TargetTableStore:
                 "committed. Restart the query: it checks the rows against the table as it is now")
         return rules
 
-    def _fit(self, table: Any, staged: StagedEpoch, rules: TableRules) -> str | None:
+    def _fit(self, table: Snapshot, staged: StagedEpoch, rules: TableRules) -> str | None:
         """The schema the epoch's commit sets (the table's with the rows' new columns, when merging), or None when the
         table's schema stays.
 
@@ -504,7 +499,7 @@ class TargetTableStore:
         """
         if staged.schema_json is None:
             return None
-        current = table.schema().to_json()
+        current = table.schema_json
         problems, new = schema_diff(current, staged.schema_json, self.merge_schema)
         if not problems and new and rules.kernel:
             problems = [f"column {f['name']!r} is not in the table, and mergeSchema does not add columns to a table "
@@ -546,51 +541,39 @@ class TargetTableStore:
         adds = json.loads(commit.get("lastagent.dead_letter_adds", "[]")) if commit else []
         if not adds:
             return 0
-        from deltalake import DeltaTable, Schema
-        from deltalake.exceptions import TableNotFoundError
-
         from lastagent.delta.dead_letter_table import TABLE_SCHEMA
 
         dead = self._dead_where
         assert dead is not None, "dead_letter_table is set"
 
         def attempt() -> int:
-            try:
-                table = DeltaTable(dead.uri, storage_options=self.storage.delta_options(dead))
-            except TableNotFoundError:
-                table = None
-            done = None if table is None else table.transaction_version(link)
+            table = read_snapshot(dead, self.storage)
+            done = None if table is None else table.app_version(link)
             if done is not None and done >= epoch:
                 return 0
-            try:
-                now = int(time.time() * 1000)
-                info = {"operation": "WRITE", "operationParameters": {"mode": "Append", "partitionBy": "[]"},
-                        "isBlindAppend": True, "lastagent.link": link, "lastagent.epoch": str(epoch)}
-                what = f"the dead letters of link {link!r} epoch {epoch}"
-                if table is None:
-                    schema = Schema.from_arrow(TABLE_SCHEMA).to_json()
-                    delta_kernel.create_table(dead.uri, self.storage.delta_options(dead), info,
-                                              [*delta_kernel.new_table(schema, (), now),
-                                               *delta_kernel.append_actions(adds, link, epoch, now)], what)
-                else:
-                    version = delta_kernel.commit_actions(
-                        table.table_uri, self.storage.delta_options(dead), table.version(), str(table.metadata().id),
-                        info, delta_kernel.append_actions(adds, link, epoch, now), what)
-                    self._keep(table, version, dead)
-                log.info("link %s epoch %d: %d dead-letter file(s) committed to %s", link, epoch, len(adds),
-                         self.dead_letter_table)
-                return len(adds)
-            except (LostRace, ArbitrationError):
-                raise
-            except Exception as exc:  # delta-rs (reading the table) raises plain errors
-                raise ArbitrationError(f"cannot commit dead letters of {link!r} epoch {epoch} to "
-                                       f"{self.dead_letter_table}: {exc}") from exc
+            now = int(time.time() * 1000)
+            info = {"operation": "WRITE", "operationParameters": {"mode": "Append", "partitionBy": "[]"},
+                    "isBlindAppend": True, "lastagent.link": link, "lastagent.epoch": str(epoch)}
+            what = f"the dead letters of link {link!r} epoch {epoch}"
+            if table is None:
+                schema = delta_files.delta_schema_json(TABLE_SCHEMA)
+                delta_kernel.create_table(dead.uri, self.storage.delta_options(dead), info,
+                                          [*delta_kernel.new_table(schema, (), now),
+                                           *delta_kernel.append_actions(adds, link, epoch, now)], what)
+            else:
+                version = delta_kernel.commit_actions(
+                    table.uri, self.storage.delta_options(dead), table.version, table.id,
+                    info, delta_kernel.append_actions(adds, link, epoch, now), what)
+                self._keep(table, version, dead)
+            log.info("link %s epoch %d: %d dead-letter file(s) committed to %s", link, epoch, len(adds),
+                     self.dead_letter_table)
+            return len(adds)
 
         return until_committed(attempt, f"the dead letters of link {link!r} epoch {epoch}", str(self.dead_letter_table))
 
     # -- reading records --------------------------------------------------------------------
 
-    def _commits(self, table: Any = None, link: str | None = None, epoch: int | None = None) -> list[dict[str, Any]]:
+    def _commits(self, table: Snapshot | None = None, link: str | None = None, epoch: int | None = None) -> list[dict[str, Any]]:
         """The lastagent commits of the table's recent history, newest first.
 
         With ``link`` and ``epoch``, the look widens until it holds that epoch's commit or reaches
@@ -602,14 +585,14 @@ class TargetTableStore:
             return []
         limit = HISTORY_FIRST_LOOK
         while True:
-            history = table.history(limit)
+            history = table.commits(limit)
             found = [c for c in history if "lastagent.link" in c]
             if epoch is None or len(history) < limit or any(
                     c["lastagent.link"] == link and int(c["lastagent.epoch"]) == epoch for c in found):
                 return found
             limit *= 4
 
-    def _commit_of(self, link: str, epoch: int, table: Any = None) -> dict[str, Any] | None:
+    def _commit_of(self, link: str, epoch: int, table: Snapshot | None = None) -> dict[str, Any] | None:
         """The commit that decided ``epoch``, or None when it was not decided.
 
         Raises:
@@ -622,7 +605,7 @@ class TargetTableStore:
             return None
         commit = next((c for c in self._commits(table, link, epoch)
                        if c["lastagent.link"] == link and int(c["lastagent.epoch"]) == epoch), None)
-        if commit is None and table.transaction_version(link) == epoch:
+        if commit is None and table.app_version(link) == epoch:
             raise ArbitrationError(
                 f"link {link!r}: epoch {epoch} is the newest decided epoch of Delta table {self.path}, but its commit "
                 "(the arbitration record) is no longer in the table's log, so its Kafka branches cannot be told "
@@ -641,7 +624,7 @@ class TargetTableStore:
         table = self.table()
         if table is None:
             return []
-        latest = table.transaction_version(link)
+        latest = table.app_version(link)
         if latest is not None:
             self._commit_of(link, latest, table)  # fails closed when the newest record is gone
         return sorted((self._record(c) for c in self._commits(table, link, latest) if c["lastagent.link"] == link),
@@ -658,13 +641,13 @@ class TargetTableStore:
                                             {tuple(a) for a in json.loads(c.get("lastagent.attempts", "[]"))})
                 for c in self._commits() if c["lastagent.link"] == link}
 
-    def get(self, link: str, epoch: int, table: Any = None) -> ArbitrationRecord | None:
+    def get(self, link: str, epoch: int, table: Snapshot | None = None) -> ArbitrationRecord | None:
         commit = self._commit_of(link, epoch, table)
         return None if commit is None else self._record(commit)
 
     def latest_epoch(self, link: str) -> int | None:
         table = self.table()
-        return None if table is None else table.transaction_version(link)
+        return None if table is None else table.app_version(link)
 
     def cleanup(self, link: str, retain_epochs: int) -> int:
         """Nothing to do: records are commits of the table; Delta's log retention ages them out."""
@@ -696,7 +679,7 @@ class TargetTableStore:
         table = self.table()
         if table is None:
             return 0, 0
-        return len(self._commits(table)), len(table.file_uris())
+        return len(self._commits(table)), len(table.files())
 
     # -- files of undecided epochs ------------------------------------------------------------
 

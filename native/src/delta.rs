@@ -494,3 +494,148 @@ pub fn delta_set_properties(
         put_commit(engine, url, &snap, read_version, info, &[serde_json::json!({ "metaData": metadata })])
     })
 }
+
+// -- reads: every Delta read lastagent makes goes through these (the commits above read the same snapshots) --
+
+/// Whether `_delta_log/` holds no commit and no checkpoint: there is no Delta table at `url`.
+fn no_table_at(engine: &KernelEngine, url: &Url) -> Result<bool, String> {
+    let first = url.join("_delta_log/00000000000000000000").map_err(|e| e.to_string())?;
+    let listed = match engine.storage_handler().list_from(&first) {
+        Ok(listed) => listed,
+        Err(KernelError::FileNotFound(_)) => return Ok(true),
+        Err(e) => return Err(format!("cannot list {url}_delta_log/: {e}")),
+    };
+    for file in listed {
+        let file = match file {
+            Ok(file) => file,
+            Err(KernelError::FileNotFound(_)) => return Ok(true),
+            Err(e) => return Err(format!("cannot list {url}_delta_log/: {e}")),
+        };
+        let name = file.location.path().rsplit('/').next().unwrap_or("");
+        if name.ends_with(".json") || name.contains(".checkpoint.") {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// The table at its newest version: `(version, metaData JSON, protocol JSON)` as the log holds them, or None when
+/// there is no Delta table at `uri`. Brought forward from the snapshot this process read last (kernel lists and
+/// reads only the newer commits), or read anew from the newest checkpoint.
+#[pyfunction]
+pub fn delta_snapshot(
+    py: Python<'_>,
+    uri: &str,
+    storage: HashMap<String, String>,
+) -> PyResult<Option<(u64, String, String)>> {
+    let url = table_url(uri).map_err(err)?;
+    py.detach(|| {
+        let engine = engine_for(&url, &storage)?;
+        let cached = last_snapshots()?.get(url.as_str()).cloned();
+        let fresh = || Snapshot::builder_for(url.as_str()).build(engine.as_ref());
+        let built = match cached {
+            // A log cleaned up past the cached version cannot be brought forward: read anew.
+            Some(s) => Snapshot::builder_from(s).build(engine.as_ref()).or_else(|_| fresh()),
+            None => fresh(),
+        };
+        // A failed read of a path with no commit is "no table"; one whose first commit appeared meanwhile (another
+        // writer creating it) is read once more.
+        let snap = match built {
+            Ok(snap) => snap,
+            Err(_) if no_table_at(&engine, &url)? => return Ok::<_, String>(None),
+            Err(_) => fresh().map_err(|e| format!("cannot read {url}: {e}"))?,
+        };
+        let config = snap.table_configuration();
+        let metadata = serde_json::to_string(config.metadata()).map_err(|e| e.to_string())?;
+        let protocol = serde_json::to_string(config.protocol()).map_err(|e| e.to_string())?;
+        last_snapshots()?.insert(url.to_string(), snap.clone());
+        Ok(Some((snap.version(), metadata, protocol)))
+    })
+    .map_err(err)
+}
+
+/// The `txn` version of each of `apps` at `version` (None where the app has none, or its `txn` expired under
+/// `delta.setTransactionRetentionDuration`, as Spark reads it).
+#[pyfunction]
+pub fn delta_app_versions(
+    py: Python<'_>,
+    uri: &str,
+    storage: HashMap<String, String>,
+    version: u64,
+    table_id: &str,
+    apps: Vec<String>,
+) -> PyResult<Vec<Option<i64>>> {
+    on_snapshot(py, uri, &storage, version, table_id, |engine, url, snap| {
+        apps.iter()
+            .map(|app| snap.get_app_id_version(app, engine).map_err(|e| format!("cannot read {url}: {e}")))
+            .collect()
+    })
+}
+
+/// The `commitInfo` of each of `versions` (a JSON object, `{}` for a commit without one), or None where the
+/// commit's file is gone (the log was cleaned up). Kernel has no history API: the commit files are read as
+/// PROTOCOL.md lays them out.
+#[pyfunction]
+pub fn delta_commit_infos(
+    py: Python<'_>,
+    uri: &str,
+    storage: HashMap<String, String>,
+    versions: Vec<u64>,
+) -> PyResult<Vec<Option<String>>> {
+    let url = table_url(uri).map_err(err)?;
+    py.detach(|| {
+        let engine = engine_for(&url, &storage)?;
+        let mut out = Vec::with_capacity(versions.len());
+        for version in versions {
+            let path = url.join(&format!("_delta_log/{version:020}.json")).map_err(|e| e.to_string())?;
+            let read = engine.storage_handler().read_files(vec![(path, None)]).and_then(|mut files| {
+                files.next().unwrap_or_else(|| Err(KernelError::FileNotFound(format!("version {version}"))))
+            });
+            let body = match read {
+                Ok(body) => body,
+                Err(KernelError::FileNotFound(_)) => {
+                    out.push(None);
+                    continue;
+                }
+                Err(e) => return Err(format!("cannot read version {version} of {url}: {e}")),
+            };
+            let text = std::str::from_utf8(&body).map_err(|e| format!("version {version} of {url}: {e}"))?;
+            let mut info = "{}".to_string();
+            for line in text.lines().filter(|l| l.contains("\"commitInfo\"")) {
+                let action: serde_json::Value =
+                    serde_json::from_str(line).map_err(|e| format!("version {version} of {url}: {e}"))?;
+                if let Some(found) = action.get("commitInfo") {
+                    info = found.to_string();
+                    break;
+                }
+            }
+            out.push(Some(info));
+        }
+        Ok(out)
+    })
+    .map_err(err)
+}
+
+/// The data files of the table at `version`: `(path as the log holds it, size, partition values, has a deletion
+/// vector)`, from kernel's scan (the log replayed from its checkpoint, removed files left out).
+#[pyfunction]
+pub fn delta_scan_files(
+    py: Python<'_>,
+    uri: &str,
+    storage: HashMap<String, String>,
+    version: u64,
+    table_id: &str,
+) -> PyResult<Vec<(String, i64, HashMap<String, String>, bool)>> {
+    on_snapshot(py, uri, &storage, version, table_id, |engine, url, snap| {
+        let failed = |e: KernelError| format!("cannot list the files of {url}: {e}");
+        let scan = snap.scan_builder().build().map_err(failed)?;
+        let mut files = Vec::new();
+        for metadata in scan.scan_metadata(engine).map_err(failed)? {
+            files = metadata.map_err(failed)?.visit_scan_files(files, |files, f| {
+                files.push((f.path, f.size, f.partition_values, f.dv_info.has_vector()))
+            })
+            .map_err(failed)?;
+        }
+        Ok(files)
+    })
+}

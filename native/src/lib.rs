@@ -773,6 +773,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(delta::delta_commit_actions, m)?)?;
     m.add_function(wrap_pyfunction!(delta::delta_create_table, m)?)?;
     m.add_function(wrap_pyfunction!(delta::delta_checkpoint, m)?)?;
+    m.add_function(wrap_pyfunction!(delta::delta_snapshot, m)?)?;
+    m.add_function(wrap_pyfunction!(delta::delta_app_versions, m)?)?;
+    m.add_function(wrap_pyfunction!(delta::delta_commit_infos, m)?)?;
+    m.add_function(wrap_pyfunction!(delta::delta_scan_files, m)?)?;
     m.add_function(wrap_pyfunction!(librdkafka_version, m)?)?;
     m.add_function(wrap_pyfunction!(librdkafka_features, m)?)?;
     m.add_function(wrap_pyfunction!(openssl_version, m)?)?;

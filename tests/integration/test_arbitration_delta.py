@@ -198,6 +198,7 @@ def test_first_runs_racing_to_create_the_target_table_make_one_decision(place, t
         for store in stores.values():
             assert store.claim("orders", "query-a", run="run-1").generation == 1
         results = race(lambda n, stores=stores: stores[n].decide(_rec(0, n), 1, StagedEpoch((), SCHEMA, ())), ["x", "y"])
+        assert not any(isinstance(d, Exception) for d in results.values()), results
         assert sorted(d.won for d in results.values()) == [False, True], results
         winner = next(n for n, d in results.items() if d.won)
         assert results["x"].record.branches == results["y"].record.branches == (winner,)
@@ -329,23 +330,33 @@ def test_the_arbitration_tables_files_stay_bounded_by_its_retention_not_by_its_a
     assert "txn" in checkpoint.column_names  # the link's txn version lives on in the checkpoint
 
 
-def test_a_cached_reader_whose_update_fails_opens_the_table_again(tmp_path):
-    """The log's cleanup may delete the commits after a thread's cached version: its incremental update then fails,
-    and the reader opens the table anew at its newest version instead of failing the decision that asked."""
+def test_a_reader_whose_cached_version_was_cleaned_up_reads_the_newest_version(tmp_path):
+    """Each read brings the process's last snapshot of the table forward. The log's cleanup may delete every commit
+    after that snapshot's version (another process decided meanwhile, with checkpoints and a brief retention): the
+    read then starts from the newest checkpoint instead of failing the decision that asked, and the history it
+    gives stops at the oldest commit the log keeps. (The table is reached by a second path, a symbolic link, so its
+    cached snapshot is not the one this process's own decisions move.)"""
+    from pathlib import Path
+
     from deltalake import DeltaTable
 
-    from lastagent.delta.arbitration_table import LatestTable
+    from lastagent.delta.snapshot import read_snapshot
+    from lastagent.storage import StorageConfig, location
 
     store = DeltaArbitrationStore(str(tmp_path / "arb"))
     generation = store.claim("orders", "q").generation
-    latest = LatestTable(str(tmp_path / "arb"), None)
-    stale = latest.get()
     assert store.decide(_rec(0, "b"), generation).won
-
-    def gone() -> None:
-        raise OSError("Generic LocalFileSystem error: commit 00000000000000000002.json not found")
-
-    stale.update_incremental = gone
-    fresh = latest.get()
-    assert fresh is not stale and fresh.version() == DeltaTable(str(tmp_path / "arb")).version() == 2
-    assert latest.get() is fresh  # cached again for the next call
+    (tmp_path / "alias").symlink_to(tmp_path / "arb")
+    alias = location(str(tmp_path / "alias"), "arbitrationTable")
+    stale = read_snapshot(alias, StorageConfig())
+    assert stale is not None and stale.version == 2
+    DeltaTable(store.path).alter.set_table_properties({"delta.logRetentionDuration": "interval 1 day"})
+    for epoch in range(1, 25):
+        _age(Path(store.path, "_delta_log"), days=3)
+        assert store.decide(_rec(epoch, "b"), generation).won
+    logs = sorted(int(p.name.split(".")[0]) for p in Path(store.path, "_delta_log").glob("*.json"))
+    assert logs[0] > stale.version + 1, logs  # the commits after the cached version are gone
+    fresh = read_snapshot(alias, StorageConfig())
+    assert fresh is not None and fresh.version == DeltaTable(store.path).version() == logs[-1]
+    assert fresh.app_version("orders") == 24
+    assert [c["version"] for c in fresh.commits()] == logs[::-1]

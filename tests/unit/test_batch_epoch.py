@@ -128,15 +128,19 @@ def test_the_block_refuses_what_it_does_not_implement_by_name():
 
 
 class _Table:
-    """A delta-rs table as the batch store reads it: ``txn`` versions and the history, newest first."""
+    """A table as the batch store reads it (:class:`lastagent.delta.snapshot.Snapshot`): ``txn`` versions and the
+    commits, newest first."""
 
     def __init__(self, txns: dict[str, int], metadata: list[str | None]) -> None:
         self.txns, self.metadata = txns, metadata
 
-    def transaction_version(self, app: str) -> int | None:
+    def app_versions(self, apps: list[str]) -> list[int | None]:
+        return [self.txns.get(a) for a in apps]
+
+    def app_version(self, app: str) -> int | None:
         return self.txns.get(app)
 
-    def history(self, limit: int | None = None) -> list[dict]:
+    def commits(self, limit: int | None = None) -> list[dict]:
         rows = [{"userMetadata": m, "timestamp": 1000 + i} for i, m in enumerate(reversed(self.metadata))][::-1]
         return rows if limit is None else rows[:limit]
 

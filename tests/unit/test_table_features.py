@@ -251,20 +251,20 @@ def test_a_kernel_table_with_a_constraint_or_a_generated_column_is_refused_namin
 
 
 def test_lastagents_own_tables_with_a_kernel_feature_are_refused_by_name():
-    """The dead-letter and arbitration tables are written by delta-rs: row tracking there is refused, naming it."""
+    """The dead-letter and arbitration tables get lastagent's plain appends: row tracking there is refused, naming
+    it."""
     from types import SimpleNamespace
 
     from lastagent.delta.features import require_plain
+    from lastagent.delta.snapshot import Protocol
 
-    protocol = SimpleNamespace(min_reader_version=1, min_writer_version=7, reader_features=None,
-                               writer_features=["rowTracking", "domainMetadata"])
-    table = SimpleNamespace(protocol=lambda: protocol, metadata=lambda: SimpleNamespace(configuration={}),
-                            schema=lambda: SimpleNamespace(to_json=lambda: _schema(_field("reason", "string"))))
+    table = SimpleNamespace(protocol=Protocol(1, 7, None, ("rowTracking", "domainMetadata")), configuration={},
+                            schema_json=_schema(_field("reason", "string")))
     with pytest.raises(UnsupportedTableFeatureError, match=r"\(dead-letter table\) uses the table feature "
                                                            r"'rowTracking'.*as plain appends"):
         require_plain(table, "/d", "dead-letter table")
-    protocol.writer_features = ["identityColumns"]
-    table.schema = lambda: SimpleNamespace(to_json=lambda: _schema(_identity(), _field("reason", "string")))
+    table.protocol = Protocol(1, 7, None, ("identityColumns",))
+    table.schema_json = _schema(_identity(), _field("reason", "string"))
     with pytest.raises(UnsupportedTableFeatureError, match=r"'identityColumns'.*lastagent's own rows"):
         require_plain(table, "/d", "dead-letter table")
 
