@@ -404,8 +404,8 @@ def _recover(committer: Any, args: argparse.Namespace) -> int:
 def exit_now(code: int) -> NoReturn:
     """Ends a finished command with ``code``, skipping the interpreter's teardown.
 
-    Native runtimes loaded by the Delta and Arrow libraries (pyarrow's thread pools, delta-rs's
-    tokio workers) have been seen to abort the process while the interpreter tears down
+    Native runtimes loaded by the Delta and Arrow libraries (pyarrow's thread pools, Delta
+    Kernel's tokio workers) have been seen to abort the process while the interpreter tears down
     ("terminate called without an active exception", SIGABRT) after all output was written,
     which turned a decided exit status into -6. The work is done and flushed by then.
     """

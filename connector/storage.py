@@ -1,8 +1,8 @@
 """Where lastagent's own files live and how it reaches them: paths and the ``storage.*`` settings.
 
 Driver and executors. Much of lastagent's I/O happens outside Spark's Hadoop filesystems: tasks
-write parquet files with pyarrow, the driver commits through Delta Kernel and reads tables with delta-rs (the
-target table, the arbitration table, the dead-letter table) and Spark's checkpoint with pyarrow. So every
+write parquet files with pyarrow, the driver reads and commits through Delta Kernel (the target table, the
+arbitration table, the dead-letter table) and reads Spark's checkpoint with pyarrow. So every
 path option is parsed here once, at query start, into a :class:`Location`, and every client is
 built from it and the query's :class:`StorageConfig`:
 
@@ -10,14 +10,14 @@ built from it and the query's :class:`StorageConfig`:
 * S3 and S3-compatible stores: ``s3://``, and Hadoop's ``s3a://`` / ``s3n://`` for the same
   objects (tested against a real S3-compatible server);
 * Google Cloud Storage (``gs://``) and Azure Data Lake / Blob (``abfss://``, ``abfs://``,
-  ``az://``) take the same route (delta-rs and pyarrow both have them) but are not tested here.
+  ``az://``) take the same route (Delta Kernel's store and pyarrow both have them) but are not tested here.
 
 Anything else (``dbfs:/``, ``hdfs://``, a typo) is an :class:`~lastagent.errors.OptionError` at
 query start naming the option, never a silent fall-back to the local disk.
 
-The settings are delta-rs's (object_store's) storage option names under the prefix
-``storage.``, e.g. ``storage.aws_endpoint_url``; delta-rs gets them as they are, pyarrow gets
-them translated. A setting not given is taken from the process's environment the way delta-rs
+The settings are object_store's configuration keys (delta-rs's storage options: the same names) under the prefix
+``storage.``, e.g. ``storage.aws_endpoint_url``; Delta Kernel's store gets them as they are, pyarrow gets
+them translated. A setting not given is taken from the process's environment the way object_store
 and the cloud SDKs take it (``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, instance credentials,
 ...), in the process that does the I/O, so executors use their own machine's credentials.
 Values are never shown: the ``repr`` names the keys and hides every credential.
@@ -42,7 +42,7 @@ SCHEMES = {"s3": "s3", "s3a": "s3", "s3n": "s3", "gs": "gs", "gcs": "gs", "abfss
            "az": "azure", "azure": "azure", "file": "local"}
 
 #: The documented settings (docs/options.md is generated from this table). Any other ``storage.*`` name is
-#: passed to delta-rs as it is (object_store's names); the ones below are also translated for pyarrow.
+#: passed to Delta Kernel's store as it is (object_store's names); the ones below are also translated for pyarrow.
 STORAGE_SETTINGS = OptionTable([
     Option("storage.aws_access_key_id", "string", "", "S3 access key id. Unset: the AWS SDK's chain in the process "
                                                       "doing the I/O (AWS_ACCESS_KEY_ID, a profile, the instance's "
@@ -55,8 +55,8 @@ STORAGE_SETTINGS = OptionTable([
     Option("storage.aws_endpoint_url", "string", "", "Endpoint of an S3-compatible store, e.g. "
                                                      "http://127.0.0.1:9000 (path-style requests). Unset: "
                                                      "AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else AWS S3."),
-    Option("storage.aws_allow_http", "boolean", "false", "true allows an http:// endpoint (delta-rs refuses plain "
-                                                         "HTTP otherwise). Unset: AWS_ALLOW_HTTP."),
+    Option("storage.aws_allow_http", "boolean", "false", "true allows an http:// endpoint (object_store refuses "
+                                                         "plain HTTP otherwise). Unset: AWS_ALLOW_HTTP."),
     Option("storage.azure_storage_account_name", "string", "", "Azure storage account of abfss:// paths (not "
                                                                "tested here). Unset: AZURE_STORAGE_ACCOUNT_NAME."),
     Option("storage.azure_storage_account_key", "string", "", "Its key (not tested here). Unset: "
@@ -70,7 +70,8 @@ _SHOWN = {"aws_region", "region", "aws_default_region", "aws_endpoint_url", "aws
           "virtual_hosted_style_request", "aws_conditional_put", "conditional_put", "aws_s3_express",
           "aws_skip_signature", "azure_storage_account_name", "account_name", "azure_use_azure_cli",
           "google_bucket", "timeout", "connect_timeout"}
-#: delta-rs settings that would take away the put-if-absent a decision relies on, and why.
+#: Store settings (delta-rs's, which users may carry over) that would take away the put-if-absent a decision relies
+#: on, and why.
 _REFUSED = {
     "aws_s3_allow_unsafe_rename": "it switches delta-rs to a commit path with no put-if-absent, so two deciders "
                                   "could both write an epoch's decision; lastagent needs the store's conditional "
@@ -88,7 +89,7 @@ _S3_KEYS = {
     "endpoint": ("aws_endpoint_url", "aws_endpoint", "endpoint_url", "endpoint"),
     "allow_http": ("aws_allow_http", "allow_http"),
 }
-#: Environment variables each S3 setting falls back to, in order (as delta-rs and the AWS SDKs read them).
+#: Environment variables each S3 setting falls back to, in order (as object_store and the AWS SDKs read them).
 _S3_ENV = {
     "region": ("AWS_REGION", "AWS_DEFAULT_REGION"),
     "endpoint": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
@@ -108,7 +109,7 @@ class Location:
         option: the option it came from (errors name it), e.g. ``path`` or ``checkpointLocation``.
         given: the path as the user wrote it.
         kind: ``local``, ``s3``, ``gs`` or ``azure``.
-        uri: the form delta-rs takes (a local path, or ``s3://bucket/key`` for any S3 scheme).
+        uri: the form Delta Kernel's store takes (a local path, or ``s3://bucket/key`` for any S3 scheme).
         path: the form pyarrow's filesystem takes (a local path, or ``bucket/key``).
     """
 
@@ -139,7 +140,7 @@ def location(given: str, option: str) -> Location:
         raise OptionError(option, "is empty; give a local path or an s3://, s3a://, gs:// or abfss:// URI")
     if text.lower().startswith("dbfs:"):
         raise OptionError(option, f"{given!r}: dbfs: paths are Databricks' own filesystem, which lastagent cannot "
-                                  "reach outside Spark (it writes files and commits with pyarrow and delta-rs); "
+                                  "reach outside Spark (it writes files and commits with pyarrow and Delta Kernel); "
                                   "give the cloud URI behind it (s3://, abfss://, gs://) or the /dbfs/... path "
                                   "of the same location")
     if text.lower().startswith("file:") and not text.lower().startswith("file://"):
@@ -153,7 +154,7 @@ def location(given: str, option: str) -> Location:
     kind = SCHEMES.get(scheme.lower())
     if kind is None:
         raise OptionError(option, f"{given!r}: lastagent cannot reach paths of scheme {scheme!r} (it reads and "
-                                  "writes them outside Spark, with pyarrow and delta-rs); use a local path or one "
+                                  "writes them outside Spark, with pyarrow and Delta Kernel); use a local path or one "
                                   f"of {', '.join(s + '://' for s in sorted(SCHEMES))}")
     if kind == "local":
         local = "/" + rest.lstrip("/")
@@ -240,7 +241,7 @@ class StorageConfig:
         """Refuses, before any I/O, settings that cannot reach ``where``. Pure.
 
         Raises:
-            OptionError: an ``http://`` S3 endpoint without ``storage.aws_allow_http=true`` (delta-rs refuses
+            OptionError: an ``http://`` S3 endpoint without ``storage.aws_allow_http=true`` (object_store refuses
                 plain HTTP otherwise), or an endpoint that is not a URL.
         """
         if where.kind != "s3":
@@ -260,10 +261,10 @@ class StorageConfig:
                                                             f"{where.option} {where.given!r})")
 
     def delta_options(self, where: Location) -> dict[str, str] | None:
-        """The ``storage_options`` delta-rs takes for ``where`` (None for a local path). Runs anywhere.
+        """The settings Delta Kernel's store (object_store) takes for ``where`` (None for a local path). Driver.
 
-        delta-rs reads what is not given from the environment itself. For S3 the conditional put it
-        commits with is asked for explicitly, as its docs say to for S3-compatible stores.
+        The store reads what is not given from the environment itself. For S3 the conditional put every commit
+        relies on is asked for explicitly, as object_store's docs say to for S3-compatible stores.
         """
         if where.is_local:
             return None
@@ -277,7 +278,7 @@ class StorageConfig:
 
         pyarrow's S3 client does not read ``AWS_ENDPOINT_URL`` when built directly, so the endpoint
         is taken from the settings or the environment here; credentials not given are left to the
-        AWS SDK's chain (environment, profile, instance role), as delta-rs does.
+        AWS SDK's chain (environment, profile, instance role), as object_store does.
 
         Raises:
             OptionError: the filesystem cannot be built from these settings.

@@ -108,7 +108,8 @@ FEATURES: tuple[Feature, ...] = (
             "commits must go through the table's catalog (Unity Catalog), not to the log directly"),
     Feature("catalogOwned-preview", True, False, "as catalogManaged"),
     Feature("checkpointProtection", False, False,
-            "delta-rs's log cleanup does not honour the protected checkpoint versions"),
+            "lastagent's log cleanup does not read the protected versions "
+            "(delta.requireCheckpointProtectionBeforeVersion)"),
     Feature("collations-preview", True, False, "string comparisons of collated columns differ from binary ones"),
 )
 

@@ -11,7 +11,8 @@ target table with a feature only kernel writes (:attr:`lastagent.delta.features.
 lastagent and written put-if-absent by kernel's storage layer (:func:`commit_actions`, :func:`create_table`,
 :func:`set_properties`): the table-property commits (claims, ``lostAccepted``; delta-rs's rewrote a table-features
 protocol), an epoch's plain append to any other target table (with mergeSchema's new columns), the dead-letter
-table's and the arbitration table's commits, and the commit that creates each of these tables. delta-rs only reads.
+table's and the arbitration table's commits, and the commit that creates each of these tables. Every read goes
+through kernel as well (:mod:`lastagent.delta.snapshot`).
 """
 
 from __future__ import annotations

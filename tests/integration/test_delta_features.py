@@ -408,7 +408,7 @@ def test_an_arbitration_table_with_a_constraint_is_refused(spark, tmp_path):
 
 def test_a_table_changed_while_the_epoch_ran_is_not_committed(tmp_path):
     """An ALTER TABLE ... ADD CONSTRAINT between the epoch's start and its commit: the tasks checked
-    the rows against the old rules, so the commit refuses (delta-rs only, no Spark needed)."""
+    the rows against the old rules, so the commit refuses (delta-rs sets the scene, no Spark needed)."""
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
 
@@ -420,7 +420,7 @@ def test_a_table_changed_while_the_epoch_ran_is_not_committed(tmp_path):
     path = str(tmp_path / "t")
     write_deltalake(path, pa.table({"id": pa.array([1], pa.int64())}))
     store = TargetTableStore(path)
-    started = store.rules(DeltaTable(path))
+    started = store.rules(store.table())
     assert started == TableRules()
     DeltaTable(path).alter.add_constraint({"positive": "id > 0"})
     add = {"path": "x.parquet", "size": 1, "partitionValues": {}, "modificationTime": 0, "dataChange": True,

@@ -93,6 +93,24 @@ def test_the_core_imports_no_io_library_and_nothing_of_lastagent_but_errors():
     assert not wrong, f"core imports what it must not: {sorted(wrong)}"
 
 
+def test_lastagent_reads_and_commits_delta_tables_through_delta_kernel_alone():
+    """One Delta engine: no module of the package as installed imports delta-rs (``deltalake``), anywhere in the file;
+    every read and commit goes through Delta Kernel in ``lastagent._native`` (``lastagent.delta.snapshot``,
+    ``lastagent.delta.kernel``), and ``deltalake`` is no dependency of the package."""
+    from pathlib import Path
+
+    import tomllib
+
+    package = Path(lastagent.__file__).parent
+    sources = sorted(package.rglob("*.py"))
+    assert len(sources) > 50  # the package as installed has its sources
+    wrong = {f"{p.relative_to(package)}: {m}" for p in sources for m in _imports(p)
+             if m == "deltalake" or m.startswith("deltalake.")}
+    assert not wrong, f"lastagent imports delta-rs: {sorted(wrong)}"
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    assert not [d for d in project["dependencies"] if d.startswith("deltalake")], project["dependencies"]
+
+
 def test_a_failed_query_start_reaches_the_user_as_itself_through_pysparks_pickler():
     """The sinks start while pyspark pickles the writer; pyspark's pickler turns any other error into
     "Could not serialize object", which hid the broker-version refusal (and a kafka-python ValueError) of issue 52."""
