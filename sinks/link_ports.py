@@ -8,14 +8,24 @@ Kafka outputs), and its checkpoint reader Spark's checkpoint location.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from lastagent.core.arbitration import ArbitrationStore
 from lastagent.core.committer import Committer
 from lastagent.spark_checkpoint import SparkCheckpoint
 
+_Staged = TypeVar("_Staged")
 
-def link_committer(options: Any, store: ArbitrationStore | None = None, kafka: bool | None = None) -> Committer:
+
+@overload
+def link_committer(options: Any, store: None = None, kafka: bool | None = None) -> Committer[None]: ...
+
+
+@overload
+def link_committer(options: Any, store: ArbitrationStore[_Staged], kafka: bool | None = None) -> Committer[_Staged]: ...
+
+
+def link_committer(options: Any, store: ArbitrationStore[Any] | None = None, kafka: bool | None = None) -> Committer[Any]:
     """The committer of a sink's link. Driver.
 
     Args:

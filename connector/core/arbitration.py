@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from lastagent.core.figures import EpochFigures, figures_from_user_metadata
 from lastagent.errors import ArbitrationError, LastAgentError, LinkMismatchError, LinkOwnedError, StaleOwnerError
@@ -118,7 +118,12 @@ class Decision:
     won: bool
 
 
-class ArbitrationStore(Protocol):
+#: What a store commits beside a record, in the same commit: the ``lastagent-delta`` target table's staged files
+#: (``lastagent.delta.target_table.StagedEpoch``); ``None`` for a store of records only. Opaque to core.
+Staged_contra = TypeVar("Staged_contra", contravariant=True)
+
+
+class ArbitrationStore(Protocol[Staged_contra]):
     """The arbitration store port: what the protocol needs from wherever decisions live.
 
     Implemented by the dedicated arbitration table (:class:`DeltaArbitrationStore`), the
@@ -150,7 +155,7 @@ class ArbitrationStore(Protocol):
         """
         ...
 
-    def decide(self, record: ArbitrationRecord, generation: int, staged: Any = None) -> Decision:
+    def decide(self, record: ArbitrationRecord, generation: int, staged: Staged_contra | None = None) -> Decision:
         """Records the epoch unless already decided; returns the record that stands.
 
         Args:
@@ -289,7 +294,7 @@ class LostRace(LastAgentError):
     """Raised inside a commit attempt: another writer got there first (e.g. created the table); re-read."""
 
 
-def holds_no_data(record: ArbitrationRecord, staged: Any) -> None:
+def holds_no_data(record: ArbitrationRecord, staged: object) -> None:
     """A store of records only: data to commit beside a record has nowhere to go (a wiring error)."""
     if staged is not None:
         raise ArbitrationError(f"link {record.link!r} epoch {record.epoch}: this arbitration store holds records "
@@ -322,7 +327,7 @@ class InMemoryArbitrationStore:
     def empty_through(self, link: str) -> int:
         return -1  # claimed in memory: exists from the first claim
 
-    def decide(self, record: ArbitrationRecord, generation: int, staged: Any = None) -> Decision:
+    def decide(self, record: ArbitrationRecord, generation: int, staged: None = None) -> Decision:
         holds_no_data(record, staged)
         with self._lock:
             current = self._owners.get(record.link)

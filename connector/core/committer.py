@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from lastagent import faults
 from lastagent.core import protocol, xid
@@ -53,7 +53,11 @@ class LinkSettings(Protocol):
     def retention_epochs(self) -> int: ...
 
 
-class Committer:
+#: What the link's store commits beside a record (:data:`lastagent.core.arbitration.Staged_contra`).
+Staged = TypeVar("Staged")
+
+
+class Committer(Generic[Staged]):
     """Runs one link's protocol steps on the driver.
 
     Args:
@@ -66,11 +70,11 @@ class Committer:
             the driver's wall clock stands for); the model check passes its own.
     """
 
-    def __init__(self, options: LinkSettings, store: ArbitrationStore, xa: XAResource | None,
+    def __init__(self, options: LinkSettings, store: ArbitrationStore[Staged], xa: XAResource | None,
                  checkpoint: CheckpointReader, now_ms: Callable[[], int] | None = None) -> None:
         self.options = options
         self.link: str = options.link
-        self.store: ArbitrationStore = store
+        self.store: ArbitrationStore[Staged] = store
         self.xa = xa
         self.checkpoint: CheckpointReader = checkpoint
         self.now_ms = now_ms or (lambda: int(time.time() * 1000))
@@ -259,7 +263,7 @@ class Committer:
     # -- epoch --------------------------------------------------------------------------------
 
     def commit(self, epoch: int, generation: int, handles: Sequence[BranchHandle],
-               staged: Any = None, figures: EpochFigures | None = None) -> ArbitrationRecord:
+               staged: Staged | None = None, figures: EpochFigures | None = None) -> ArbitrationRecord:
         """Decides the epoch (last agent), then commits its branches and rolls back the rest. Driver.
 
         Reads the situation once, before anything changes: the link's open branches of this run's
@@ -430,7 +434,7 @@ class Committer:
         return self.xa
 
     def _carry_out(self, actions: Sequence[protocol.Action], known: dict[Branch, BranchHandle],
-                   generation: int | None = None, staged: Any = None,
+                   generation: int | None = None, staged: Staged | None = None,
                    figures: EpochFigures | None = None) -> ArbitrationRecord | None:
         """The interpreter: carries out the rules' actions in order, through the ports. Driver.
 
@@ -481,7 +485,7 @@ class Committer:
         return standing
 
     def _write_decision(self, decision: WriteDecision, generation: int | None, known: dict[Branch, BranchHandle],
-                        staged: Any, figures: EpochFigures | None = None) -> ArbitrationRecord:
+                        staged: Staged | None, figures: EpochFigures | None = None) -> ArbitrationRecord:
         """The last agent's one-phase commit; returns the record that stands (ours, or a racing decider's)."""
         if generation is None:
             raise LastAgentError(f"link {self.link!r} epoch {decision.epoch}: a decision needs the run's generation")

@@ -185,7 +185,7 @@ class DeltaArbitrationStore:
     def empty_through(self, link: str) -> int:
         return -1  # created by the first claim, before any decision
 
-    def decide(self, record: ArbitrationRecord, generation: int, staged: Any = None) -> Decision:
+    def decide(self, record: ArbitrationRecord, generation: int, staged: None = None) -> Decision:
         holds_no_data(record, staged)
         if not record.decided_at_ms:
             record = replace(record, decided_at_ms=int(time.time() * 1000))

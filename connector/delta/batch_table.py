@@ -171,7 +171,7 @@ class BatchEpochTable:
     def claim(self, link: str, owner: str, *, takeover: bool = False, run: str = "") -> Ownership:
         raise LastAgentError(f"link {link!r}: rolling back by hand is not offered here: {_NO_CLAIM}")
 
-    def decide(self, record: ArbitrationRecord, generation: int, staged: Any = None) -> Decision:
+    def decide(self, record: ArbitrationRecord, generation: int, staged: None = None) -> Decision:
         raise LastAgentError(f"link {record.link!r}: a lastagent.epoch link is decided by the block's own Delta write")
 
     def accept_lost(self, link: str, epoch: int) -> None:

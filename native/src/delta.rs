@@ -616,8 +616,11 @@ pub fn delta_commit_infos(
     .map_err(err)
 }
 
-/// The data files of the table at `version`: `(path as the log holds it, size, partition values, has a deletion
-/// vector)`, from kernel's scan (the log replayed from its checkpoint, removed files left out).
+/// One data file of a scan: its path as the log holds it, size, partition values, and whether it has a deletion vector.
+type ScanFileRow = (String, i64, HashMap<String, String>, bool);
+
+/// The data files of the table at `version` ([`ScanFileRow`]), from kernel's scan (the log replayed from its
+/// checkpoint, removed files left out).
 #[pyfunction]
 pub fn delta_scan_files(
     py: Python<'_>,
@@ -625,7 +628,7 @@ pub fn delta_scan_files(
     storage: HashMap<String, String>,
     version: u64,
     table_id: &str,
-) -> PyResult<Vec<(String, i64, HashMap<String, String>, bool)>> {
+) -> PyResult<Vec<ScanFileRow>> {
     on_snapshot(py, uri, &storage, version, table_id, |engine, url, snap| {
         let failed = |e: KernelError| format!("cannot list the files of {url}: {e}");
         let scan = snap.scan_builder().build().map_err(failed)?;
