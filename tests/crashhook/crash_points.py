@@ -29,17 +29,27 @@ PAUSE_LIMIT_S = 600.0
 _paused: set[int] = set()
 
 
+def _counted(state: Path) -> int:
+    """Counts one more time the point was reached, under a lock: the threads of one driver (several queries) and
+    the processes of its tree reach a point at the same moment, and an unlocked read-and-write counted two as one
+    (a shared-driver crash test saw its second point fire on the third)."""
+    import fcntl
+
+    with open(f"{state}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # each open is its own lock holder: threads exclude each other too
+        count = int(state.read_text() or "0") + 1 if state.exists() else 1
+        state.write_text(str(count))
+        return count
+
+
 def kill_at(name: str) -> None:
     spec = os.environ.get("LASTAGENT_CRASH_AT", "")
     target, _, nth = spec.partition(":")
     if target != name:
         return
     state = Path(os.environ.get("LASTAGENT_CRASH_STATE", "/tmp/lastagent-crash-count"))
-    if nth:
-        count = int(state.read_text() or "0") + 1 if state.exists() else 1
-        state.write_text(str(count))
-        if count != int(nth):
-            return
+    if nth and _counted(state) != int(nth):
+        return
     Path(str(state) + ".fired").write_text(name)
     if name.startswith("task_"):
         machine = os.environ.get("LASTAGENT_MACHINE_PGID")
