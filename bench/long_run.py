@@ -1,20 +1,28 @@
-"""A link's age: does its millionth epoch cost what its first did? A `lastagent-kafka` -> `lastagent-kafka` link
-(one input and one output partition, 5 records an epoch, `trigger(availableNow=True)` with maxOffsetsPerTrigger=5)
-for BENCH_EPOCHS epochs in one run, then a restart; with BENCH_LINK=kafka-delta, a `lastagent-kafka` ->
-`lastagent-delta` link the same way (its target table in the arbitration table's place); with
-BENCH_LINK=delta-kafka, a Delta table (one commit of 5 rows per epoch, written with deltalake, read by Spark's Delta
-source one file per micro-batch) -> `lastagent-kafka`; with BENCH_LINK=block, the epoch block.
+"""A link's age: does its millionth epoch cost what its first did, and how does Spark's own pipeline age beside it?
+
+A `lastagent-kafka` -> `lastagent-kafka` link (one input and one output partition, 5 records an epoch,
+`trigger(availableNow=True)` with maxOffsetsPerTrigger=5) for BENCH_EPOCHS epochs, with a restart after the first
+BENCH_FIRST_RESTART epochs and one at the end; with BENCH_LINK=kafka-delta, a `lastagent-kafka` -> `lastagent-delta`
+link the same way (its target table in the arbitration table's place); with BENCH_LINK=delta-kafka, a Delta table
+(one commit of 5 rows per epoch, written with deltalake, read by Spark's Delta source one file per micro-batch) ->
+`lastagent-kafka`; with BENCH_LINK=block, the epoch block (the examples' MERGE of 20 keys with an event per change).
+
+The peer, in the same run and the same sizes first (BENCH_PEER=0 leaves it out): the same pipeline in Spark's own
+formats, at least once: `kafka` -> `kafka`, `kafka` -> `delta`, `delta` -> `kafka`, and a plain `foreachBatch`
+that MERGEs and writes the events with `kafka`. It runs first so that the JVM's warm-up falls in its first window,
+not in lastagent's (a warm-up would flatter lastagent's last/first ratio).
 
 Measured, from Spark's own progress events (a StreamingQueryListener on the driver): the median epoch time
 (`batchDuration`) of the first and of the last BENCH_WINDOW epochs and their ratio; the time from `start()` to the
-first epoch's end for a restart after BENCH_WINDOW epochs and for a restart at the end, and their ratio; and the
-files on disk at the end (the arbitration table's log and data files, the query checkpoint's), which the tables'
-retention bounds, not the epoch count. The arbitration table's retention is shortened after its creation, as a user
-would with ALTER TABLE (`delta.logRetentionDuration` BENCH_LOG_RETENTION, `delta.deletedFileRetentionDuration` 0)
-and the log's cutoff is not truncated to the day (LASTAGENT_DELTA_LOG_CUTOFF=minute), so the cleanups show within
-the run. Every record is then read back by a read_committed consumer: exactly once.
+first epoch's end for the restart after BENCH_FIRST_RESTART epochs and for the restart at the end, and their ratio;
+and the files on disk at the end (the table's log and data files, the query checkpoint's), which the tables'
+retention bounds, not the epoch count. Each table's retention is shortened after its creation, as a user would with
+ALTER TABLE (`delta.logRetentionDuration` BENCH_LOG_RETENTION, `delta.deletedFileRetentionDuration` 0) and the log's
+cutoff of lastagent's own tables is not truncated to the day (LASTAGENT_DELTA_LOG_CUTOFF=minute), so the cleanups
+show within the run. Every record is then read back (a read_committed consumer, Spark's Delta reader): once.
 
-Run with `make bench-long-run` (a broker up: `make kafka-up`; BENCH_EPOCHS=20000 takes about two hours here).
+Run with `make bench-long-run` (BENCH_LINK=kafka-delta and so on for the others; it brings a broker up): 20,000
+epochs of the Kafka -> Kafka link, 5,000 of each other kind, unless BENCH_EPOCHS says otherwise.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +53,20 @@ from lastagent.spark_session import local_session
 #: (Spark's Delta source into a `lastagent-kafka` sink: `lastagent.examples.delta_to_kafka`) or "block" (the
 #: examples' `lastagent.epoch` MERGE with an event per change: `lastagent.examples.merge_changes`).
 LINK = os.environ.get("BENCH_LINK", "kafka-kafka")
-EPOCHS = int(os.environ.get("BENCH_EPOCHS", "20000"))
+EPOCHS = int(os.environ.get("BENCH_EPOCHS", "20000" if LINK == "kafka-kafka" else "5000"))  # issue 53's lengths
 WINDOW = int(os.environ.get("BENCH_WINDOW", "1000"))
+FIRST_RESTART = int(os.environ.get("BENCH_FIRST_RESTART", "100"))
+PEER = os.environ.get("BENCH_PEER", "1") != "0"
 PER_EPOCH = 5
+RESTART_EPOCHS = 20
 LOG_RETENTION = os.environ.get("BENCH_LOG_RETENTION", "interval 10 minutes")
+DESCRIPTION = {
+    "kafka-kafka": ("lastagent-kafka -> lastagent-kafka", "Spark's kafka -> kafka (at least once)"),
+    "kafka-delta": ("lastagent-kafka -> lastagent-delta", "Spark's kafka -> delta"),
+    "delta-kafka": ("Spark's Delta source -> lastagent-kafka", "Spark's Delta source -> kafka (at least once)"),
+    "block": ("lastagent-kafka -> foreachBatch with lastagent.epoch (MERGE, an event per change)",
+              "Spark's kafka -> plain foreachBatch (MERGE, events written with kafka: at least once)"),
+}
 
 
 class Progress:
@@ -122,104 +141,146 @@ def _files(path: Path) -> dict[str, int]:
             "data_files": sum(1 for p in path.glob("*.parquet"))}
 
 
-def main() -> int:
-    admin = KafkaAdminClient(bootstrap_servers=BOOTSTRAP)
-    spark = local_session("bench-long-run")
-    progress = Progress()
-    spark.streams.addListener(progress.listener())
+def _pipeline(spark: Any, peer: bool, work: Path, source: str, target: str, link: str) -> Callable[[], Any]:
+    """What one start of the query is: a function that starts it (availableNow) and returns the started query."""
+    table, ckpt, source_table = str(work / "table"), str(work / "ckpt"), str(work / "source")
+    if not peer:
+        from lastagent import examples
+
+        if LINK == "block":
+            return lambda: examples.merge_changes(spark, BOOTSTRAP, source, target, table, ckpt, link, str(PER_EPOCH))
+        if LINK == "delta-kafka":
+            return lambda: examples.delta_to_kafka(spark, BOOTSTRAP, source_table, ckpt, table, link, target)
+
+    def kafka() -> Any:
+        return (spark.readStream.format("kafka" if peer else "lastagent-kafka")
+                .option("kafka.bootstrap.servers", BOOTSTRAP).option("subscribe", source)
+                .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", str(PER_EPOCH)).load())
+
+    def to_kafka(rows: Any) -> Any:
+        if peer:
+            return rows.writeStream.format("kafka").option("kafka.bootstrap.servers", BOOTSTRAP).option("topic", target)
+        return (rows.writeStream.format("lastagent-kafka").option("kafka.bootstrap.servers", BOOTSTRAP)
+                .option("topic", target).option("link", link).option("arbitrationTable", table))
+
+    def start() -> Any:
+        if LINK == "block":  # the peer of merge_changes: the same MERGE and events, without lastagent.epoch
+            from delta.tables import DeltaTable
+
+            def apply(batch: Any, epoch_id: int) -> None:
+                (batch.selectExpr("CAST(id AS STRING) AS key", "to_json(struct(id, amount)) AS value").write
+                 .format("kafka").option("kafka.bootstrap.servers", BOOTSTRAP).option("topic", target).save())
+                latest = batch.groupBy("id").agg({"amount": "max"}).withColumnRenamed("max(amount)", "amount")
+                (DeltaTable.forPath(batch.sparkSession, table).alias("t").merge(latest.alias("s"), "t.id = s.id")
+                 .whenMatchedUpdate(set={"amount": "s.amount"})
+                 .whenNotMatchedInsert(values={"id": "s.id", "amount": "s.amount"}).execute())
+
+            changes = kafka().selectExpr(
+                "CAST(get_json_object(CAST(value AS STRING), '$.id') AS BIGINT) AS id",
+                "CAST(get_json_object(CAST(value AS STRING), '$.amount') AS BIGINT) AS amount")
+            w = changes.writeStream.foreachBatch(apply)
+        elif LINK == "delta-kafka":
+            w = to_kafka(spark.readStream.format("delta").option("maxFilesPerTrigger", "1").load(source_table)
+                         .selectExpr("key", "value"))
+        elif LINK == "kafka-delta":
+            rows = kafka().selectExpr("CAST(key AS STRING) AS key", "value").writeStream
+            w = (rows.format("delta").option("path", table) if peer
+                 else rows.format("lastagent-delta").option("link", link).option("path", table))
+        else:
+            w = to_kafka(kafka().selectExpr("key", "value"))
+        return w.option("checkpointLocation", ckpt).trigger(availableNow=True).start()
+
+    return start
+
+
+def measure(spark: Any, admin: KafkaAdminClient, progress: Progress, peer: bool) -> dict[str, Any]:
+    """Driver: one pipeline (lastagent's, or Spark's own with ``peer``) through its epochs and restarts; its figures."""
     source, target = new_topic(admin, 1), new_topic(admin, 1)
     link = f"bench-age-{uuid.uuid4().hex[:6]}"
-    restart_epochs = 20
-    total = WINDOW + EPOCHS + restart_epochs
-    with tempfile.TemporaryDirectory() as work:
-        arb, ckpt = Path(work, "arb"), Path(work, "ckpt")
-        source_table = str(Path(work, "source"))
+    total = EPOCHS + RESTART_EPOCHS
+    produced = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        table, ckpt = work / "table", work / "ckpt"
+        start_query = _pipeline(spark, peer, work, source, target, link)
 
-        def run(epochs: int) -> tuple[float, float]:
-            """Produces ``epochs`` epochs' records, runs the query through them; (s to the first epoch, s in all)."""
+        def run(epochs: int) -> float:
+            """Adds ``epochs`` epochs' records and runs the query through them: s from start() to the first epoch."""
+            nonlocal produced
             if LINK == "delta-kafka":
-                _append(source_table, run.produced, epochs * PER_EPOCH)  # type: ignore[attr-defined]
+                _append(str(work / "source"), produced, epochs * PER_EPOCH)
             else:
-                _produce(source, run.produced, epochs * PER_EPOCH)  # type: ignore[attr-defined]
-            run.produced += epochs * PER_EPOCH  # type: ignore[attr-defined]
+                _produce(source, produced, epochs * PER_EPOCH)
+            produced += epochs * PER_EPOCH
             before = len(progress.epochs)
-            if LINK == "block":
-                from lastagent.examples import merge_changes
-
-                start = time.time()
-                query = merge_changes(spark, BOOTSTRAP, source, target, str(arb), str(ckpt), link, str(PER_EPOCH))
-                return _timed(query, before, epochs, start)
-            if LINK == "delta-kafka":
-                from lastagent.examples import delta_to_kafka
-
-                start = time.time()
-                query = delta_to_kafka(spark, BOOTSTRAP, source_table, str(ckpt), str(arb), link, target)
-                return _timed(query, before, epochs, start)
-            rows = (spark.readStream.format("lastagent-kafka").option("kafka.bootstrap.servers", BOOTSTRAP)
-                    .option("subscribe", source).option("startingOffsets", "earliest")
-                    .option("maxOffsetsPerTrigger", str(PER_EPOCH)).load())
-            if LINK == "kafka-delta":
-                q = (rows.selectExpr("CAST(key AS STRING) AS key", "value").writeStream.format("lastagent-delta")
-                     .option("link", link).option("path", str(arb)))
-            else:
-                q = (rows.selectExpr("key", "value").writeStream.format("lastagent-kafka")
-                     .option("kafka.bootstrap.servers", BOOTSTRAP).option("topic", target).option("link", link)
-                     .option("arbitrationTable", str(arb)))
-            q = q.option("checkpointLocation", str(ckpt)).trigger(availableNow=True)
             start = time.time()
-            return _timed(q.start(), before, epochs, start)
-
-        def _timed(query: Any, before: int, epochs: int, start: float) -> tuple[float, float]:
+            query = start_query()
             query.awaitTermination()
+            if query.exception() is not None:
+                raise RuntimeError(f"the query failed: {query.exception()}")
             time.sleep(1)  # the last progress event reaches the listener
             with progress.lock:
                 mine = progress.epochs[before:]
             assert len(mine) == epochs, f"{len(mine)} epochs ran, {epochs} expected"
-            return mine[0][2] - start, time.time() - start
+            return mine[0][2] - start
 
-        run.produced = 0  # type: ignore[attr-defined]
+        began = len(progress.epochs)
         if LINK == "block":
-            spark.sql(f"CREATE TABLE delta.`{arb}` (id BIGINT, amount BIGINT) USING delta")
-        run(WINDOW)
-        # As a user would shorten a table's retention (ALTER TABLE ... SET TBLPROPERTIES), once the link made it.
-        spark.sql(f"ALTER TABLE delta.`{arb}` SET TBLPROPERTIES ('delta.logRetentionDuration' = '{LOG_RETENTION}', "
-                  "'delta.deletedFileRetentionDuration' = 'interval 0 seconds')")
-        early_restart, _ = run(EPOCHS)
-        files = _files(arb)
+            spark.sql(f"CREATE TABLE delta.`{table}` (id BIGINT, amount BIGINT) USING delta")
+        run(FIRST_RESTART)
+        if table.exists():  # as a user would shorten a table's retention (ALTER TABLE ... SET TBLPROPERTIES)
+            spark.sql(f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('delta.logRetentionDuration' = "
+                      f"'{LOG_RETENTION}', 'delta.deletedFileRetentionDuration' = 'interval 0 seconds')")
+        early_restart = run(EPOCHS - FIRST_RESTART)
+        files = _files(table) if table.exists() else None
         checkpoint_files = sum(1 for p in ckpt.rglob("*") if p.is_file())
-        late_restart, _ = run(restart_epochs)
-        durations = [d for _, d, _ in progress.epochs]
+        late_restart = run(RESTART_EPOCHS)
+        durations = [d for _, d, _ in progress.epochs[began:]]
         first = statistics.median(durations[:WINDOW])
-        last = statistics.median(durations[WINDOW + EPOCHS - WINDOW:WINDOW + EPOCHS])
+        last = statistics.median(durations[EPOCHS - WINDOW:EPOCHS])
         if LINK == "kafka-delta":
-            seen = Counter(r.value for r in spark.read.format("delta").load(str(arb)).select("value").collect())
+            seen = Counter(r.value for r in spark.read.format("delta").load(str(table)).select("value").collect())
         elif LINK == "block":  # one event per change, and the table the last amount per key
             seen = Counter(json.loads(v)["amount"] for v in _read_committed(target, total * PER_EPOCH).elements())
-            merged = {r.id: r.amount for r in spark.read.format("delta").load(str(arb)).collect()}
+            merged = {r.id: r.amount for r in spark.read.format("delta").load(str(table)).collect()}
             if merged != {k: max(i for i in range(total * PER_EPOCH) if i % 20 == k) for k in range(20)}:
                 seen = Counter()  # the MERGE table is wrong: not once
         else:
             seen = _read_committed(target, total * PER_EPOCH)
         once = len(seen) == total * PER_EPOCH and set(seen.values()) == {1}
-    summary = {
-        "link": {"kafka-kafka": "lastagent-kafka -> lastagent-kafka",
-                 "kafka-delta": "lastagent-kafka -> lastagent-delta",
-                 "delta-kafka": "Spark's Delta source -> lastagent-kafka",
-                 "block": "lastagent-kafka -> foreachBatch with lastagent.epoch (MERGE, an event per change)"}[LINK],
-        "epochs": len(durations), "records_per_epoch": PER_EPOCH,
-        "first_window_median_ms": first, "last_window_median_ms": last, "window": WINDOW,
+    return {
+        "pipeline": DESCRIPTION[LINK][1 if peer else 0],
+        "epochs": len(durations), "first_window_median_ms": first, "last_window_median_ms": last,
         "last_over_first": round(last / first, 3),
-        "restart_to_first_epoch_s": {f"after {WINDOW} epochs": round(early_restart, 2),
-                                     f"after {WINDOW + EPOCHS} epochs": round(late_restart, 2)},
+        "restart_to_first_epoch_s": {f"after {FIRST_RESTART} epochs": round(early_restart, 2),
+                                     f"after {EPOCHS} epochs": round(late_restart, 2)},
         "restart_ratio": round(late_restart / early_restart, 3),
-        ("target_table_at_end" if LINK in ("kafka-delta", "block") else "arbitration_table_at_end"): files,
-        "query_checkpoint_files_at_end": checkpoint_files,
-        "log_retention": LOG_RETENTION, "every_record_once": once, "records": sum(seen.values()),
+        "table_at_end": files, "query_checkpoint_files_at_end": checkpoint_files,
+        "every_record_once": once, "records": sum(seen.values()),
     }
+
+
+def main() -> int:
+    assert FIRST_RESTART + WINDOW <= EPOCHS, "BENCH_EPOCHS must hold the first restart and a window after it"
+    admin = KafkaAdminClient(bootstrap_servers=BOOTSTRAP)
+    spark = local_session("bench-long-run")
+    progress = Progress()
+    spark.streams.addListener(progress.listener())
+    spark_own = measure(spark, admin, progress, peer=True) if PEER else None
+    ours = measure(spark, admin, progress, peer=False)
+    summary: dict[str, Any] = {
+        "link": LINK, "records_per_epoch": PER_EPOCH, "window": WINDOW, "log_retention": LOG_RETENTION,
+        "lastagent": ours, "spark": spark_own,
+    }
+    if spark_own:
+        summary["lastagent_over_spark"] = {
+            "first_window": round(ours["first_window_median_ms"] / spark_own["first_window_median_ms"], 3),
+            "last_window": round(ours["last_window_median_ms"] / spark_own["last_window_median_ms"], 3),
+        }
     json.dump(summary, sys.stdout, indent=2)
     print()
     spark.stop()
-    return 0 if once else 1
+    return 0 if ours["every_record_once"] else 1
 
 
 if __name__ == "__main__":
