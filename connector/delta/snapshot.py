@@ -214,7 +214,8 @@ class Snapshot:
                                    "own tables only, which are not")
         filesystem, parts = self.filesystem(), []
         for f in files:
-            if "://" in f.path:
+            # PROTOCOL.md: a relative path, or an absolute URI ("file:/…", "s3://…": a shallow clone's files).
+            if urllib.parse.urlsplit(f.path).scheme or f.path.startswith("/"):
                 raise ArbitrationError(f"Delta table {self.where.given} names a file outside its directory "
                                        f"({f.path}); lastagent reads only its own tables, which do not")
             try:

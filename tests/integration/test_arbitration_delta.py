@@ -360,3 +360,35 @@ def test_a_reader_whose_cached_version_was_cleaned_up_reads_the_newest_version(t
     assert fresh is not None and fresh.version == DeltaTable(store.path).version() == logs[-1]
     assert fresh.app_version("orders") == 24
     assert [c["version"] for c in fresh.commits()] == logs[::-1]
+
+
+@pytest.mark.parametrize("kind", ["partitioned", "deletion vectors", "shallow clone"])
+def test_reading_the_rows_of_a_table_lastagent_did_not_make_is_refused_by_name(kind, tmp_path, spark):
+    """``Snapshot.rows`` reads lastagent's own tables with pyarrow, which know no partition values, deletion vectors
+    or files outside the table's directory. A table Spark made with one of them (put where an arbitration table
+    would be) is refused with its reason, never read as other rows than Spark reads."""
+    from lastagent.delta.snapshot import read_snapshot
+    from lastagent.storage import StorageConfig, location
+
+    table = str(tmp_path / "table")
+    if kind == "partitioned":
+        spark.sql(f"CREATE TABLE delta.`{table}` (a INT, b STRING) USING delta PARTITIONED BY (b)")
+        spark.sql(f"INSERT INTO delta.`{table}` VALUES (1, 'x'), (2, 'y')")
+        reason = "is partitioned"
+    elif kind == "deletion vectors":
+        spark.sql(f"CREATE TABLE delta.`{table}` (a INT, b STRING) USING delta "
+                  "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+        spark.sql(f"INSERT INTO delta.`{table}` SELECT id, 'x' FROM range(100)")
+        spark.sql(f"DELETE FROM delta.`{table}` WHERE a = 7")
+        reason = "has rows deleted by deletion vectors"
+    else:  # a shallow clone's files are its source's: absolute paths outside its directory
+        source = str(tmp_path / "source")
+        spark.sql(f"CREATE TABLE delta.`{source}` (a INT, b STRING) USING delta")
+        spark.sql(f"INSERT INTO delta.`{source}` VALUES (1, 'x')")
+        spark.sql(f"CREATE TABLE delta.`{table}` SHALLOW CLONE delta.`{source}`")
+        reason = "names a file outside its directory"
+    snapshot = read_snapshot(location(table, "arbitrationTable"), StorageConfig())
+    assert snapshot is not None
+    with pytest.raises(ArbitrationError, match=reason):
+        snapshot.rows()
+    assert spark.read.format("delta").load(table).count() in (1, 2, 99)  # Spark reads it: the table is well made
