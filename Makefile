@@ -228,10 +228,13 @@ soak: setup kafka-up
 	$(PYTHON) dev/soak.py --kills $(KILLS) --seed $(SEED) --report .cache/soak-$(SEED).json --workdir .cache/soak $(SOAK_ARGS)
 
 # A link's age (issue "a year of epochs"): a Kafka -> Kafka link for BENCH_EPOCHS epochs (default 20,000), the first
-# and last 1,000 epochs' times, restarts, files on disk, beside Spark's own kafka -> kafka over the same epochs first
+# and last 1,000 epochs' times, restarts, files on disk, beside Spark's own kafka -> kafka over 2,000 epochs first
 # (docs/benchmarks.md). BENCH_LINK picks another link (5,000 epochs by default): kafka-delta, delta-kafka or block.
+# Kept in .cache/long-run-<link>: BENCH_SECONDS=N stops it after N seconds, and the same command goes on.
 bench-long-run: setup kafka-up
-	cd bench && ../$(PYTHON) long_run.py | tee ../.cache/bench-long-run-$${BENCH_LINK:-kafka-kafka}.json
+	cd bench && out=../.cache/bench-long-run-$${BENCH_LINK:-kafka-kafka}.json && \
+		BENCH_WORKDIR=$${BENCH_WORKDIR:-../.cache/long-run-$${BENCH_LINK:-kafka-kafka}} ../$(PYTHON) long_run.py > $$out; \
+		rc=$$?; cat $$out; exit $$rc
 
 bench: setup kafka-up
 	cd bench && ../$(PYTHON) source_bench.py | tee ../.cache/bench-source.json

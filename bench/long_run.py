@@ -22,7 +22,11 @@ cutoff of lastagent's own tables is not truncated to the day (LASTAGENT_DELTA_LO
 show within the run. Every record is then read back (a read_committed consumer, Spark's Delta reader): once.
 
 Run with `make bench-long-run` (BENCH_LINK=kafka-delta and so on for the others; it brings a broker up): 20,000
-epochs of the Kafka -> Kafka link, 5,000 of each other kind, unless BENCH_EPOCHS says otherwise.
+epochs of the Kafka -> Kafka link, 5,000 of each other kind, unless BENCH_EPOCHS says otherwise; Spark's own over
+BENCH_PEER_EPOCHS (2,000). A run longer than a sitting: with BENCH_WORKDIR (the make target sets
+.cache/long-run-<link>) its state is kept there, BENCH_SECONDS=N stops the query after N seconds, and the same
+command goes on where it stopped (a restart, as a user's query has; the restarts measured are the run's own).
+Delete the directory to start again.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from common import BOOTSTRAP, new_topic
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from kafka.admin import KafkaAdminClient
 
 os.environ.setdefault("LASTAGENT_DELTA_LOG_CUTOFF", "minute")  # before Spark starts: its Python workers inherit it
@@ -60,6 +64,11 @@ PEER = os.environ.get("BENCH_PEER", "1") != "0"
 PER_EPOCH = 5
 RESTART_EPOCHS = 20
 LOG_RETENTION = os.environ.get("BENCH_LOG_RETENTION", "interval 10 minutes")
+#: Spark's own pipeline over fewer epochs by default: its two windows, apart (nothing of it grows but what Spark bounds).
+PEER_EPOCHS = int(os.environ.get("BENCH_PEER_EPOCHS", str(min(EPOCHS, 2000))))
+#: A run kept in BENCH_WORKDIR is resumed by the same command; BENCH_SECONDS stops it (query.stop) after so long.
+WORKDIR = os.environ.get("BENCH_WORKDIR")
+SECONDS = float(os.environ.get("BENCH_SECONDS", "0"))
 DESCRIPTION = {
     "kafka-kafka": ("lastagent-kafka -> lastagent-kafka", "Spark's kafka -> kafka (at least once)"),
     "kafka-delta": ("lastagent-kafka -> lastagent-delta", "Spark's kafka -> delta"),
@@ -73,8 +82,13 @@ class Progress:
     """Each finished epoch of the query (Spark's progress events): (batch id, batchDuration ms, wall time)."""
 
     def __init__(self) -> None:
-        self.epochs: list[tuple[int, int, float]] = []
         self.lock = threading.Lock()
+        self.file: Path | None = None
+
+    def record_to(self, file: Path | None) -> None:
+        """Appends each epoch from now on to ``file`` (a JSON line: batch id, batchDuration ms, wall time)."""
+        with self.lock:
+            self.file = file
 
     def listener(self):
         from pyspark.sql.streaming import StreamingQueryListener
@@ -87,9 +101,10 @@ class Progress:
 
             def onQueryProgress(self, event):
                 p = event.progress
-                if p.numInputRows:
-                    with progress.lock:
-                        progress.epochs.append((p.batchId, int(p.batchDuration), time.time()))
+                with progress.lock:
+                    if p.numInputRows and progress.file is not None:
+                        with progress.file.open("a") as f:
+                            f.write(json.dumps([p.batchId, int(p.batchDuration), time.time()]) + "\n")
 
             def onQueryIdle(self, event):
                 pass
@@ -193,81 +208,144 @@ def _pipeline(spark: Any, peer: bool, work: Path, source: str, target: str, link
     return start
 
 
-def measure(spark: Any, admin: KafkaAdminClient, progress: Progress, peer: bool) -> dict[str, Any]:
-    """Driver: one pipeline (lastagent's, or Spark's own with ``peer``) through its epochs and restarts; its figures."""
-    source, target = new_topic(admin, 1), new_topic(admin, 1)
-    link = f"bench-age-{uuid.uuid4().hex[:6]}"
-    total = EPOCHS + RESTART_EPOCHS
-    produced = 0
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        table, ckpt = work / "table", work / "ckpt"
-        start_query = _pipeline(spark, peer, work, source, target, link)
+class Paused(Exception):
+    """BENCH_SECONDS ran out: the query was stopped; the same command with the same BENCH_WORKDIR goes on."""
 
-        def run(epochs: int) -> float:
-            """Adds ``epochs`` epochs' records and runs the query through them: s from start() to the first epoch."""
-            nonlocal produced
+
+def _source_records(work: Path, source: str) -> int:
+    """How many records the source holds: they are added in whole epochs, so a killed run never loses count."""
+    if LINK == "delta-kafka":
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            return (DeltaTable(str(work / "source")).version() + 1) * PER_EPOCH  # one commit per epoch
+        except TableNotFoundError:
+            return 0
+    c = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": "bench-long-run"})
+    try:
+        return c.get_watermark_offsets(TopicPartition(source, 0), timeout=30)[1]
+    finally:
+        c.close()
+
+
+def measure(spark: Any, admin: KafkaAdminClient, progress: Progress, work: Path, peer: bool,
+            epochs: int, deadline: float | None) -> dict[str, Any]:
+    """Driver: one pipeline (lastagent's, or Spark's own with ``peer``) through its epochs and restarts; its figures.
+
+    Its state is kept in ``work`` (topics, link, the steps done, every epoch's time): when ``deadline`` passes the
+    query is stopped and :class:`Paused` raised, and a later call with the same ``work`` goes on from there.
+    """
+    work.mkdir(parents=True, exist_ok=True)
+    state_file, epochs_file = work / "state.json", work / "epochs.jsonl"
+    if not state_file.exists():
+        state_file.write_text(json.dumps({"source": new_topic(admin, 1), "target": new_topic(admin, 1),
+                                          "link": f"bench-age-{uuid.uuid4().hex[:6]}", "done": 0, "starts": {}}))
+    state = json.loads(state_file.read_text())
+    if "result" in state:
+        return state["result"]
+    table, ckpt = work / "table", work / "ckpt"
+    start_query = _pipeline(spark, peer, work, state["source"], state["target"], state["link"])
+    # The steps: the first run, the retention shortened, the long run (its start is the restart after the first
+    # run), the files counted, the restart at the end, the read-back. Each run adds its epochs' records first.
+    plan: list[tuple[str, int]] = [("run", FIRST_RESTART), ("alter", 0), ("run", epochs), ("files", 0),
+                                   ("run", epochs + RESTART_EPOCHS), ("verify", 0)]
+
+    def save() -> None:
+        state_file.write_text(json.dumps(state))
+
+    def recorded() -> list[list[float]]:
+        return [json.loads(line) for line in epochs_file.read_text().splitlines()] if epochs_file.exists() else []
+
+    if LINK == "block" and not table.exists():  # the MERGE's table, as its owner made it
+        spark.sql(f"CREATE TABLE delta.`{table}` (id BIGINT, amount BIGINT) USING delta")
+    progress.record_to(epochs_file)
+    for step in range(state["done"], len(plan)):
+        kind, through = plan[step]
+        if kind == "run":
+            have = _source_records(work, state["source"]) // PER_EPOCH
             if LINK == "delta-kafka":
-                _append(str(work / "source"), produced, epochs * PER_EPOCH)
+                _append(str(work / "source"), have * PER_EPOCH, (through - have) * PER_EPOCH)
             else:
-                _produce(source, produced, epochs * PER_EPOCH)
-            produced += epochs * PER_EPOCH
-            before = len(progress.epochs)
-            start = time.time()
+                _produce(state["source"], have * PER_EPOCH, (through - have) * PER_EPOCH)
+            if str(step) not in state["starts"]:  # its first start: the one whose time to the first epoch counts
+                state["starts"][str(step)] = [time.time(), len(recorded())]
+                save()
             query = start_query()
-            query.awaitTermination()
+            # (awaitTermination() without a timeout returns None, not True.)
+            ended = query.awaitTermination(max(deadline - time.time(), 1)) if deadline else query.awaitTermination()
+            ended = ended if deadline else True
+            if not ended:
+                query.stop()
+                state["pauses"] = state.get("pauses", 0) + 1
+                save()
+                time.sleep(1)  # the last progress event reaches the listener
+                raise Paused(f"paused in step {step} ({through} epochs wanted, {len(recorded())} recorded)")
             if query.exception() is not None:
                 raise RuntimeError(f"the query failed: {query.exception()}")
-            time.sleep(1)  # the last progress event reaches the listener
-            with progress.lock:
-                mine = progress.epochs[before:]
-            assert len(mine) == epochs, f"{len(mine)} epochs ran, {epochs} expected"
-            return mine[0][2] - start
-
-        began = len(progress.epochs)
-        if LINK == "block":
-            spark.sql(f"CREATE TABLE delta.`{table}` (id BIGINT, amount BIGINT) USING delta")
-        run(FIRST_RESTART)
-        if table.exists():  # as a user would shorten a table's retention (ALTER TABLE ... SET TBLPROPERTIES)
+            time.sleep(1)
+        elif kind == "alter" and table.exists():  # as a user would shorten a table's retention (ALTER TABLE)
             spark.sql(f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('delta.logRetentionDuration' = "
                       f"'{LOG_RETENTION}', 'delta.deletedFileRetentionDuration' = 'interval 0 seconds')")
-        early_restart = run(EPOCHS - FIRST_RESTART)
-        files = _files(table) if table.exists() else None
-        checkpoint_files = sum(1 for p in ckpt.rglob("*") if p.is_file())
-        late_restart = run(RESTART_EPOCHS)
-        durations = [d for _, d, _ in progress.epochs[began:]]
-        first = statistics.median(durations[:WINDOW])
-        last = statistics.median(durations[EPOCHS - WINDOW:EPOCHS])
-        if LINK == "kafka-delta":
-            seen = Counter(r.value for r in spark.read.format("delta").load(str(table)).select("value").collect())
-        elif LINK == "block":  # one event per change, and the table the last amount per key
-            seen = Counter(json.loads(v)["amount"] for v in _read_committed(target, total * PER_EPOCH).elements())
-            merged = {r.id: r.amount for r in spark.read.format("delta").load(str(table)).collect()}
-            if merged != {k: max(i for i in range(total * PER_EPOCH) if i % 20 == k) for k in range(20)}:
-                seen = Counter()  # the MERGE table is wrong: not once
-        else:
-            seen = _read_committed(target, total * PER_EPOCH)
-        once = len(seen) == total * PER_EPOCH and set(seen.values()) == {1}
-    return {
+        elif kind == "files":
+            state["files"] = _files(table) if table.exists() else None
+            state["checkpoint_files"] = sum(1 for p in ckpt.rglob("*") if p.is_file())
+        elif kind == "verify":
+            total = (epochs + RESTART_EPOCHS) * PER_EPOCH
+            if LINK == "kafka-delta":
+                seen = Counter(r.value for r in spark.read.format("delta").load(str(table)).select("value").collect())
+            elif LINK == "block":  # one event per change, and the table the last amount per key
+                seen = Counter(json.loads(v)["amount"] for v in _read_committed(state["target"], total).elements())
+                merged = {r.id: r.amount for r in spark.read.format("delta").load(str(table)).collect()}
+                if merged != {k: max(i for i in range(total) if i % 20 == k) for k in range(20)}:
+                    seen = Counter()  # the MERGE table is wrong: not once
+            else:
+                seen = _read_committed(state["target"], total)
+            state["once"] = len(seen) == total and set(seen.values()) == {1}
+            state["records"] = sum(seen.values())
+        state["done"] = step + 1
+        save()
+    progress.record_to(None)
+    times = recorded()
+    durations = [ms for _, ms, _ in times]
+
+    def restart(step: int) -> float:
+        began, before = state["starts"][str(step)]
+        return times[before][2] - began
+
+    early, late = restart(2), restart(4)
+    first, last = statistics.median(durations[:WINDOW]), statistics.median(durations[epochs - WINDOW:epochs])
+    state["result"] = {
         "pipeline": DESCRIPTION[LINK][1 if peer else 0],
         "epochs": len(durations), "first_window_median_ms": first, "last_window_median_ms": last,
         "last_over_first": round(last / first, 3),
-        "restart_to_first_epoch_s": {f"after {FIRST_RESTART} epochs": round(early_restart, 2),
-                                     f"after {EPOCHS} epochs": round(late_restart, 2)},
-        "restart_ratio": round(late_restart / early_restart, 3),
-        "table_at_end": files, "query_checkpoint_files_at_end": checkpoint_files,
-        "every_record_once": once, "records": sum(seen.values()),
+        "restart_to_first_epoch_s": {f"after {FIRST_RESTART} epochs": round(early, 2),
+                                     f"after {epochs} epochs": round(late, 2)},
+        "restart_ratio": round(late / early, 3),
+        "table_at_end": state["files"], "query_checkpoint_files_at_end": state["checkpoint_files"],
+        "paused_and_resumed": state.get("pauses", 0),
+        "every_record_once": state["once"], "records": state["records"],
     }
+    save()
+    return state["result"]
 
 
 def main() -> int:
-    assert FIRST_RESTART + WINDOW <= EPOCHS, "BENCH_EPOCHS must hold the first restart and a window after it"
+    assert min(EPOCHS, PEER_EPOCHS) >= FIRST_RESTART + WINDOW, "each run must hold the first restart and a window"
     admin = KafkaAdminClient(bootstrap_servers=BOOTSTRAP)
     spark = local_session("bench-long-run")
     progress = Progress()
     spark.streams.addListener(progress.listener())
-    spark_own = measure(spark, admin, progress, peer=True) if PEER else None
-    ours = measure(spark, admin, progress, peer=False)
+    deadline = time.time() + SECONDS if SECONDS else None
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(WORKDIR or tmp)
+        try:
+            spark_own = measure(spark, admin, progress, work / "spark", True, PEER_EPOCHS, deadline) if PEER else None
+            ours = measure(spark, admin, progress, work / "lastagent", False, EPOCHS, deadline)
+        except Paused as paused:
+            print(f"long_run: {paused}; run the same command (BENCH_WORKDIR={work}) to go on", file=sys.stderr)
+            spark.stop()
+            return 3
     summary: dict[str, Any] = {
         "link": LINK, "records_per_epoch": PER_EPOCH, "window": WINDOW, "log_retention": LOG_RETENTION,
         "lastagent": ours, "spark": spark_own,
