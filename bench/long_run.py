@@ -7,26 +7,26 @@ link the same way (its target table in the arbitration table's place); with BENC
 (one commit of 5 rows per epoch, written with deltalake, read by Spark's Delta source one file per micro-batch) ->
 `lastagent-kafka`; with BENCH_LINK=block, the epoch block (the examples' MERGE of 20 keys with an event per change).
 
-The peer, in the same run and the same sizes first (BENCH_PEER=0 leaves it out): the same pipeline in Spark's own
-formats, at least once: `kafka` -> `kafka`, `kafka` -> `delta`, `delta` -> `kafka`, and a plain `foreachBatch`
-that MERGEs and writes the events with `kafka`. It runs first so that the JVM's warm-up falls in its first window,
-not in lastagent's (a warm-up would flatter lastagent's last/first ratio).
+The peer, in the same run and first (BENCH_PEER=0 leaves it out): the same pipeline in Spark's own formats, at
+least once: `kafka` -> `kafka`, `kafka` -> `delta`, `delta` -> `kafka`, and a plain `foreachBatch` that MERGEs and
+writes the events with `kafka`, over BENCH_PEER_EPOCHS (2,000: nothing of it grows but what Spark bounds). It runs
+first so that the JVM's warm-up falls in its first window, not in lastagent's (it would flatter lastagent's ratio).
 
 Measured, from Spark's own progress events (a StreamingQueryListener on the driver): the median epoch time
-(`batchDuration`) of the first and of the last BENCH_WINDOW epochs and their ratio; the time from `start()` to the
-first epoch's end for the restart after BENCH_FIRST_RESTART epochs and for the restart at the end, and their ratio;
-and the files on disk at the end (the table's log and data files, the query checkpoint's), which the tables'
-retention bounds, not the epoch count. Each table's retention is shortened after its creation, as a user would with
-ALTER TABLE (`delta.logRetentionDuration` BENCH_LOG_RETENTION, `delta.deletedFileRetentionDuration` 0) and the log's
-cutoff of lastagent's own tables is not truncated to the day (LASTAGENT_DELTA_LOG_CUTOFF=minute), so the cleanups
-show within the run. Every record is then read back (a read_committed consumer, Spark's Delta reader): once.
+(`batchDuration`) of the first and of the last BENCH_WINDOW epochs (Spark's own: at most half its epochs) and their
+ratio; the time from `start()` to the first epoch's end for the restart after BENCH_FIRST_RESTART epochs and for the
+restart at the end, and their ratio; and the files on disk at the end (the table's log and data files, the query
+checkpoint's), which the tables' retention bounds, not the epoch count. Each table's retention is shortened after
+its creation, as a user would with ALTER TABLE (`delta.logRetentionDuration` BENCH_LOG_RETENTION,
+`delta.deletedFileRetentionDuration` 0) and the log's cutoff of lastagent's own tables is not truncated to the day
+(LASTAGENT_DELTA_LOG_CUTOFF=minute), so the cleanups show within the run. Every record is then read back (a
+read_committed consumer, Spark's Delta reader): once.
 
 Run with `make bench-long-run` (BENCH_LINK=kafka-delta and so on for the others; it brings a broker up): 20,000
-epochs of the Kafka -> Kafka link, 5,000 of each other kind, unless BENCH_EPOCHS says otherwise; Spark's own over
-BENCH_PEER_EPOCHS (2,000). A run longer than a sitting: with BENCH_WORKDIR (the make target sets
-.cache/long-run-<link>) its state is kept there, BENCH_SECONDS=N stops the query after N seconds, and the same
-command goes on where it stopped (a restart, as a user's query has; the restarts measured are the run's own).
-Delete the directory to start again.
+epochs of the Kafka -> Kafka link, 5,000 of each other kind, unless BENCH_EPOCHS says otherwise. A run longer than a
+sitting: with BENCH_WORKDIR (the make target sets .cache/long-run-<link>) its state is kept there, BENCH_SECONDS=N
+stops the query after N seconds, and the same command goes on where it stopped (a restart, as a user's query has;
+the restarts measured are the run's own). Delete the directory to start again.
 """
 
 from __future__ import annotations
@@ -314,10 +314,11 @@ def measure(spark: Any, admin: KafkaAdminClient, progress: Progress, work: Path,
         return times[before][2] - began
 
     early, late = restart(2), restart(4)
-    first, last = statistics.median(durations[:WINDOW]), statistics.median(durations[epochs - WINDOW:epochs])
+    window = min(WINDOW, epochs // 2)  # Spark's own, over fewer epochs: two windows apart
+    first, last = statistics.median(durations[:window]), statistics.median(durations[epochs - window:epochs])
     state["result"] = {
         "pipeline": DESCRIPTION[LINK][1 if peer else 0],
-        "epochs": len(durations), "first_window_median_ms": first, "last_window_median_ms": last,
+        "epochs": len(durations), "window": window, "first_window_median_ms": first, "last_window_median_ms": last,
         "last_over_first": round(last / first, 3),
         "restart_to_first_epoch_s": {f"after {FIRST_RESTART} epochs": round(early, 2),
                                      f"after {epochs} epochs": round(late, 2)},
@@ -331,7 +332,8 @@ def measure(spark: Any, admin: KafkaAdminClient, progress: Progress, work: Path,
 
 
 def main() -> int:
-    assert min(EPOCHS, PEER_EPOCHS) >= FIRST_RESTART + WINDOW, "each run must hold the first restart and a window"
+    assert EPOCHS >= FIRST_RESTART + WINDOW, "BENCH_EPOCHS must hold the first restart and a window after it"
+    assert PEER_EPOCHS >= 2 * FIRST_RESTART, "BENCH_PEER_EPOCHS must hold the first restart twice"
     admin = KafkaAdminClient(bootstrap_servers=BOOTSTRAP)
     spark = local_session("bench-long-run")
     progress = Progress()
@@ -347,7 +349,7 @@ def main() -> int:
             spark.stop()
             return 3
     summary: dict[str, Any] = {
-        "link": LINK, "records_per_epoch": PER_EPOCH, "window": WINDOW, "log_retention": LOG_RETENTION,
+        "link": LINK, "records_per_epoch": PER_EPOCH, "log_retention": LOG_RETENTION,
         "lastagent": ours, "spark": spark_own,
     }
     if spark_own:
