@@ -15,12 +15,13 @@ first so that the JVM's warm-up falls in its first window, not in lastagent's (i
 Measured, from Spark's own progress events (a StreamingQueryListener on the driver): the median epoch time
 (`batchDuration`) of the first and of the last BENCH_WINDOW epochs (Spark's own: at most half its epochs) and their
 ratio; the time from `start()` to the first epoch's end for the restart after BENCH_FIRST_RESTART epochs and for the
-restart at the end, and their ratio; and the files on disk at the end (the table's log and data files, the query
-checkpoint's), which the tables' retention bounds, not the epoch count. Each table's retention is shortened after
-its creation, as a user would with ALTER TABLE (`delta.logRetentionDuration` BENCH_LOG_RETENTION,
-`delta.deletedFileRetentionDuration` 0) and the log's cutoff of lastagent's own tables is not truncated to the day
-(LASTAGENT_DELTA_LOG_CUTOFF=minute), so the cleanups show within the run. Every record is then read back (a
-read_committed consumer, Spark's Delta reader): once.
+restart at the end, and their ratio; the resident memory of the driver, its JVM and its Python workers after the
+first run and after the long one (a run resumed in between has a younger process); and the files on disk at the end
+(the table's log and data files, the query checkpoint's), which the tables' retention bounds, not the epoch count.
+Each table's retention is shortened after its creation, as a user would with ALTER TABLE
+(`delta.logRetentionDuration` BENCH_LOG_RETENTION, `delta.deletedFileRetentionDuration` 0) and the log's cutoff of
+lastagent's own tables is not truncated to the day (LASTAGENT_DELTA_LOG_CUTOFF=minute), so the cleanups show within
+the run. Every record is then read back (a read_committed consumer, Spark's Delta reader): once.
 
 Run with `make bench-long-run` (BENCH_LINK=kafka-delta and so on for the others; it brings a broker up): 20,000
 epochs of the Kafka -> Kafka link, 5,000 of each other kind, unless BENCH_EPOCHS says otherwise. A run longer than a
@@ -208,6 +209,35 @@ def _pipeline(spark: Any, peer: bool, work: Path, source: str, target: str, link
     return start
 
 
+def _memory() -> dict[str, int]:
+    """Resident memory (MB) of this driver's Python, its JVM and its Python workers (its descendants only: other
+    Spark processes on the machine are not counted), as the long run ages."""
+    parent, rss, cmd = {}, {}, {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            status = (d / "status").read_text().splitlines()
+            cmd[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status if ":" in line)
+        parent[int(d.name)] = int(fields["PPid"])
+        rss[int(d.name)] = int(fields.get("VmRSS", "0 kB").split()[0]) // 1024
+
+    def mine(pid: int) -> bool:
+        while pid > 1:
+            pid = parent.get(pid, 0)
+            if pid == os.getpid():
+                return True
+        return False
+
+    ours = [p for p in parent if mine(p)]
+    return {"driver_python_mb": rss.get(os.getpid(), 0),
+            "jvm_mb": sum(rss[p] for p in ours if "SparkSubmit" in cmd[p]),
+            "python_workers_mb": sum(rss[p] for p in ours if "pyspark" in cmd[p] and "SparkSubmit" not in cmd[p])}
+
+
 class Paused(Exception):
     """BENCH_SECONDS ran out: the query was stopped; the same command with the same BENCH_WORKDIR goes on."""
 
@@ -284,10 +314,13 @@ def measure(spark: Any, admin: KafkaAdminClient, progress: Progress, work: Path,
             if query.exception() is not None:
                 raise RuntimeError(f"the query failed: {query.exception()}")
             time.sleep(1)
-        elif kind == "alter" and table.exists():  # as a user would shorten a table's retention (ALTER TABLE)
-            spark.sql(f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('delta.logRetentionDuration' = "
-                      f"'{LOG_RETENTION}', 'delta.deletedFileRetentionDuration' = 'interval 0 seconds')")
+        elif kind == "alter":
+            state["memory_early"] = _memory()
+            if table.exists():  # as a user would shorten a table's retention (ALTER TABLE ... SET TBLPROPERTIES)
+                spark.sql(f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('delta.logRetentionDuration' = "
+                          f"'{LOG_RETENTION}', 'delta.deletedFileRetentionDuration' = 'interval 0 seconds')")
         elif kind == "files":
+            state["memory_late"] = _memory()
             state["files"] = _files(table) if table.exists() else None
             state["checkpoint_files"] = sum(1 for p in ckpt.rglob("*") if p.is_file())
         elif kind == "verify":
@@ -324,6 +357,8 @@ def measure(spark: Any, admin: KafkaAdminClient, progress: Progress, work: Path,
                                      f"after {epochs} epochs": round(late, 2)},
         "restart_ratio": round(late / early, 3),
         "table_at_end": state["files"], "query_checkpoint_files_at_end": state["checkpoint_files"],
+        "memory_mb": {f"after {FIRST_RESTART} epochs": state["memory_early"],
+                      f"after {epochs} epochs": state["memory_late"]},
         "paused_and_resumed": state.get("pauses", 0),
         "every_record_once": state["once"], "records": state["records"],
     }
