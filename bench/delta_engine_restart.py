@@ -3,9 +3,10 @@
 Runs `long_run.py` for each link kind (Kafka -> Kafka, Kafka -> Delta, Delta -> Kafka, the epoch block) with the
 Python of each build in turn (`--before`, `--after`: virtualenvs with lastagent installed), alternating, so both see
 the machine as it is; prints one JSON line per run and then a markdown table of the time from `start()` to the first
-epoch's end after BENCH_WINDOW and after BENCH_WINDOW + BENCH_EPOCHS epochs (long_run.py's restart figures).
+epoch's end after BENCH_FIRST_RESTART and after BENCH_EPOCHS epochs (long_run.py's restart figures; lastagent's
+links only, not Spark's own).
 
-    cd bench && BENCH_EPOCHS=100 BENCH_WINDOW=50 ../.venv/bin/python delta_engine_restart.py \\
+    cd bench && BENCH_EPOCHS=150 BENCH_FIRST_RESTART=50 BENCH_WINDOW=50 ../.venv/bin/python delta_engine_restart.py \\
         --before /path/to/old-venv/bin/python --after ../.venv/bin/python
 
 A broker must be up (`make kafka-up`).
@@ -25,7 +26,7 @@ LINKS = ("kafka-kafka", "kafka-delta", "delta-kafka", "block")
 
 def run(python: str, link: str) -> dict:
     done = subprocess.run([python, "long_run.py"], cwd=Path(__file__).parent, capture_output=True, text=True,
-                          env={**os.environ, "BENCH_LINK": link}, timeout=3600, check=False)
+                          env={**os.environ, "BENCH_LINK": link, "BENCH_PEER": "0"}, timeout=3600, check=False)
     if done.returncode != 0:
         raise SystemExit(f"long_run.py ({link}, {python}) failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout[done.stdout.index("{"):])
@@ -42,7 +43,7 @@ def main() -> None:
         for name, python in (("before", args.before), ("after", args.after)):
             summary = run(python, link)
             print(json.dumps({"link": link, "build": name, **summary}), flush=True)
-            figures[name] = summary["restart_to_first_epoch_s"]
+            figures[name] = summary["lastagent"]["restart_to_first_epoch_s"]
         rows.append((link, figures))
     print("\n| link | restart after | before (s) | after (s) | after / before |\n|---|---|---:|---:|---:|")
     for link, figures in rows:
