@@ -558,7 +558,8 @@ class Soak:
     def soak(self) -> None:
         order = [self.links[k] for k in LINKS if k in self.links]
         i = len(self.runs)  # round-robin goes on where an interrupted soak stopped
-        while self.driver_budget > 0 or self.worker_budget > 0:
+        # (A goal lowered on --resume ends here even when one kind's share is not used up.)
+        while (self.driver_budget > 0 or self.worker_budget > 0) and len(self.kills) < self.args.kills:
             if self.elapsed() > self.args.max_hours * 3600:
                 raise SoakAbort(f"--max-hours {self.args.max_hours} reached with {len(self.kills)} kills done")
             link = order[i % len(order)]
@@ -918,7 +919,8 @@ def spark_read(table: str | None, out: str | None, sql: str | None, workdir: str
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--kills", type=int, default=9, help="kills in all (driver + worker), default 9")
+    p.add_argument("--kills", type=int, help="kills in all (driver + worker), default 9; with --resume, a new goal (one "
+                                             "already reached ends the soak with its verification)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--report", default=str(ROOT / ".cache" / "soak.json"), help="report JSON, rewritten after every run")
     p.add_argument("--bootstrap", default=os.environ.get("LASTAGENT_KAFKA_BOOTSTRAP", "127.0.0.1:39092"))
@@ -941,7 +943,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-failures", type=int, default=5, help="consecutive failed runs of a link that end the soak")
     p.add_argument("--max-hours", type=float, default=48.0)
     p.add_argument("--resume", metavar="REPORT",
-                   help="take up an interrupted soak from its report (its parameters; other options are ignored)")
+                   help="take up an interrupted soak from its report (its parameters; other options but --kills are ignored)")
     p.add_argument("--spark-read", nargs=2, metavar=("TABLE", "OUT"), help=argparse.SUPPRESS)
     p.add_argument("--spark-sql", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -960,7 +962,11 @@ def main(argv: list[str] | None = None) -> int:
         if resume["status"] not in ("running", "interrupted"):
             p.error(f"--resume: {args.resume} is a finished soak (status {resume['status']})")
         kept = {k: v for k, v in resume["parameters"].items() if k in vars(args) and k != "resume"}
+        if args.kills is not None:
+            kept["kills"] = args.kills
         args = argparse.Namespace(**{**vars(args), **kept, "report": args.resume, "resume": args.resume})
+    elif args.kills is None:
+        args.kills = 9
     soak = Soak(args, resume)
     log(f"soak: seed {args.seed}, {args.kills} kills ({soak.driver_budget} driver, {soak.worker_budget} worker), "
         f"links {list(soak.links)}, report {soak.report_path}")
