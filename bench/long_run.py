@@ -298,7 +298,9 @@ def measure(spark: Any, admin: KafkaAdminClient, progress: Progress, work: Path,
                 _append(str(work / "source"), have * PER_EPOCH, (through - have) * PER_EPOCH)
             else:
                 _produce(state["source"], have * PER_EPOCH, (through - have) * PER_EPOCH)
-            if str(step) not in state["starts"]:  # its first start: the one whose time to the first epoch counts
+            # The start whose time to the first epoch counts: the step's first, or the next when it was paused before
+            # its first epoch (a pause's gap is not a restart's time).
+            if str(step) not in state["starts"] or state["starts"][str(step)][1] == len(recorded()):
                 state["starts"][str(step)] = [time.time(), len(recorded())]
                 save()
             query = start_query()
