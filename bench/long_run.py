@@ -304,9 +304,11 @@ def measure(spark: Any, admin: KafkaAdminClient, progress: Progress, work: Path,
                 state["starts"][str(step)] = [time.time(), len(recorded())]
                 save()
             query = start_query()
-            # (awaitTermination() without a timeout returns None, not True.)
-            ended = query.awaitTermination(max(deadline - time.time(), 1)) if deadline else query.awaitTermination()
-            ended = ended if deadline else True
+            ended = True  # awaitTermination() without a timeout returns None, not True
+            if deadline:
+                ended = query.awaitTermination(max(deadline - time.time(), 1))
+            else:
+                query.awaitTermination()
             if not ended:
                 query.stop()
                 state["pauses"] = state.get("pauses", 0) + 1
