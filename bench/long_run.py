@@ -379,7 +379,7 @@ def main() -> int:
     spark.streams.addListener(progress.listener())
     deadline = time.time() + SECONDS if SECONDS else None
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(WORKDIR or tmp)
+        work = Path(WORKDIR or tmp).resolve()  # Spark reads delta.`path` as a path only when it is absolute
         try:
             spark_own = measure(spark, admin, progress, work / "spark", True, PEER_EPOCHS, deadline) if PEER else None
             ours = measure(spark, admin, progress, work / "lastagent", False, EPOCHS, deadline)
