@@ -1,8 +1,8 @@
 """A link's age: does its millionth epoch cost what its first did, and how does Spark's own pipeline age beside it?
 
 A `lastagent-kafka` -> `lastagent-kafka` link (one input and one output partition, 5 records an epoch,
-`trigger(availableNow=True)` with maxOffsetsPerTrigger=5) for BENCH_EPOCHS epochs, with a restart after the first
-BENCH_FIRST_RESTART epochs and one at the end; with BENCH_LINK=kafka-delta, a `lastagent-kafka` -> `lastagent-delta`
+`trigger(availableNow=True)` with maxOffsetsPerTrigger=5) for BENCH_EPOCHS epochs, with restarts after the first
+BENCH_FIRST_RESTART epochs and at the end; with BENCH_LINK=kafka-delta, a `lastagent-kafka` -> `lastagent-delta`
 link the same way (its target table in the arbitration table's place); with BENCH_LINK=delta-kafka, a Delta table
 (one commit of 5 rows per epoch, written with deltalake, read by Spark's Delta source one file per micro-batch) ->
 `lastagent-kafka`; with BENCH_LINK=block, the epoch block (the examples' MERGE of 20 keys with an event per change).
@@ -14,10 +14,11 @@ first so that the JVM's warm-up falls in its first window, not in lastagent's (i
 
 Measured, from Spark's own progress events (a StreamingQueryListener on the driver): the median epoch time
 (`batchDuration`) of the first and of the last BENCH_WINDOW epochs (Spark's own: at most half its epochs) and their
-ratio; the time from `start()` to the first epoch's end for the restart after BENCH_FIRST_RESTART epochs and for the
-restart at the end, and their ratio; the resident memory of the driver, its JVM and its Python workers after the
-first run and after the long one (a run resumed in between has a younger process); and the files on disk at the end
-(the table's log and data files, the query checkpoint's), which the tables' retention bounds, not the epoch count.
+ratio; the time from `start()` to the first epoch's end, the median of BENCH_RESTARTS (3) restarts after
+BENCH_FIRST_RESTART epochs and of as many at the end, and their ratio; the resident memory of the driver, its JVM
+and its Python workers after the first run and after the long one (a run resumed in between has a younger
+process); and the files on disk at the end (the table's log and data files, the query checkpoint's), which the
+tables' retention bounds, not the epoch count.
 Each table's retention is shortened after its creation, as a user would with ALTER TABLE
 (`delta.logRetentionDuration` BENCH_LOG_RETENTION, `delta.deletedFileRetentionDuration` 0) and the log's cutoff of
 lastagent's own tables is not truncated to the day (LASTAGENT_DELTA_LOG_CUTOFF=minute), so the cleanups show within
@@ -64,6 +65,8 @@ FIRST_RESTART = int(os.environ.get("BENCH_FIRST_RESTART", "100"))
 PEER = os.environ.get("BENCH_PEER", "1") != "0"
 PER_EPOCH = 5
 RESTART_EPOCHS = 20
+#: Restarts measured at each age (the median counts): one start's time moves by a second with the JVM's state.
+RESTARTS = int(os.environ.get("BENCH_RESTARTS", "3"))
 LOG_RETENTION = os.environ.get("BENCH_LOG_RETENTION", "interval 10 minutes")
 #: Spark's own pipeline over fewer epochs by default: its two windows, apart (nothing of it grows but what Spark bounds).
 PEER_EPOCHS = int(os.environ.get("BENCH_PEER_EPOCHS", str(min(EPOCHS, 2000))))
@@ -276,10 +279,13 @@ def measure(spark: Any, admin: KafkaAdminClient, progress: Progress, work: Path,
         return state["result"]
     table, ckpt = work / "table", work / "ckpt"
     start_query = _pipeline(spark, peer, work, state["source"], state["target"], state["link"])
-    # The steps: the first run, the retention shortened, the long run (its start is the restart after the first
-    # run), the files counted, the restart at the end, the read-back. Each run adds its epochs' records first.
-    plan: list[tuple[str, int]] = [("run", FIRST_RESTART), ("alter", 0), ("run", epochs), ("files", 0),
-                                   ("run", epochs + RESTART_EPOCHS), ("verify", 0)]
+    # The steps: the first run, RESTARTS - 1 restarts of one epoch, the retention shortened, the long run (its start
+    # is the last of the early restarts), the files counted, RESTARTS restarts at the end (the last of them runs
+    # RESTART_EPOCHS), the read-back. Each run adds its epochs' records first.
+    plan: list[tuple[str, int]] = (
+        [("run", FIRST_RESTART + i) for i in range(RESTARTS)] + [("alter", 0), ("run", epochs), ("files", 0)]
+        + [("run", epochs + i) for i in range(1, RESTARTS)] + [("run", epochs + RESTART_EPOCHS), ("verify", 0)])
+    runs = [step for step, (kind, _) in enumerate(plan) if kind == "run"]
 
     def save() -> None:
         state_file.write_text(json.dumps(state))
@@ -348,18 +354,19 @@ def measure(spark: Any, admin: KafkaAdminClient, progress: Progress, work: Path,
 
     def restart(step: int) -> float:
         began, before = state["starts"][str(step)]
-        return times[before][2] - began
+        return round(times[before][2] - began, 2)
 
-    early, late = restart(2), restart(4)
+    early, late = [restart(step) for step in runs[1:RESTARTS + 1]], [restart(step) for step in runs[RESTARTS + 1:]]
     window = min(WINDOW, epochs // 2)  # Spark's own, over fewer epochs: two windows apart
     first, last = statistics.median(durations[:window]), statistics.median(durations[epochs - window:epochs])
     state["result"] = {
         "pipeline": DESCRIPTION[LINK][1 if peer else 0],
         "epochs": len(durations), "window": window, "first_window_median_ms": first, "last_window_median_ms": last,
         "last_over_first": round(last / first, 3),
-        "restart_to_first_epoch_s": {f"after {FIRST_RESTART} epochs": round(early, 2),
-                                     f"after {epochs} epochs": round(late, 2)},
-        "restart_ratio": round(late / early, 3),
+        "restart_to_first_epoch_s": {f"after {FIRST_RESTART} epochs": statistics.median(early),
+                                     f"after {epochs} epochs": statistics.median(late)},
+        "restarts_s": {"early": early, "late": late},
+        "restart_ratio": round(statistics.median(late) / statistics.median(early), 3),
         "table_at_end": state["files"], "query_checkpoint_files_at_end": state["checkpoint_files"],
         "memory_mb": {f"after {FIRST_RESTART} epochs": state["memory_early"],
                       f"after {epochs} epochs": state["memory_late"]},
@@ -371,7 +378,8 @@ def measure(spark: Any, admin: KafkaAdminClient, progress: Progress, work: Path,
 
 
 def main() -> int:
-    assert EPOCHS >= FIRST_RESTART + WINDOW, "BENCH_EPOCHS must hold the first restart and a window after it"
+    assert RESTARTS >= 1 and EPOCHS >= FIRST_RESTART + RESTARTS + WINDOW, \
+        "BENCH_EPOCHS must hold the first run, its restarts and a window after them"
     assert PEER_EPOCHS >= 2 * FIRST_RESTART, "BENCH_PEER_EPOCHS must hold the first restart twice"
     admin = KafkaAdminClient(bootstrap_servers=BOOTSTRAP)
     spark = local_session("bench-long-run")
