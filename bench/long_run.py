@@ -65,7 +65,7 @@ FIRST_RESTART = int(os.environ.get("BENCH_FIRST_RESTART", "100"))
 PEER = os.environ.get("BENCH_PEER", "1") != "0"
 PER_EPOCH = 5
 RESTART_EPOCHS = 20
-#: Restarts measured at each age (the median counts): one start's time moves by a second with the JVM's state.
+#: Restarts measured at each age (their median counts): one start is one sample of a time that varies by seconds.
 RESTARTS = int(os.environ.get("BENCH_RESTARTS", "3"))
 LOG_RETENTION = os.environ.get("BENCH_LOG_RETENTION", "interval 10 minutes")
 #: Spark's own pipeline over fewer epochs by default: its two windows, apart (nothing of it grows but what Spark bounds).
